@@ -1,0 +1,47 @@
+# Two commands do all the setup on a fresh machine:  make demo  /  make test
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   ?= .venv
+PY      = $(VENV)/bin/python
+PIP     = $(PY) -m pip
+# torch: the CPU build (the plain name pulls a multi-GB CUDA build).
+TORCH  ?= torch==2.13.0
+
+.PHONY: setup demo test lint unit crossvenvs bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e '.[dev]'
+	$(PIP) install -q '$(TORCH)' || echo "warning: $(TORCH) could not be installed; torch tests will skip"
+	touch $@
+
+setup: $(VENV)/.installed
+
+# Interpreters for the cross-version tests (pyenv's 3.12 and 3.13 when present).
+crossvenvs: setup
+	@for v in 3.11 3.12 3.13; do \
+	  py=$$(command -v python$$v || true); \
+	  if [ -n "$$py" ] && [ ! -x .venv$$v/bin/python ]; then \
+	    $$py -m venv .venv$$v && .venv$$v/bin/pip install -q -e . numpy || rm -rf .venv$$v; \
+	  fi; \
+	done; true
+
+demo: setup
+	$(PY) examples/demo.py
+
+lint: setup
+	$(VENV)/bin/ruff check src tests bench examples
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+
+unit: setup
+	$(PY) -m pytest -q -x
+
+test: setup crossvenvs lint
+	$(PY) -m pytest -q
+
+bench: setup
+	$(PY) bench/bench_capsule.py
+
+clean:
+	rm -rf $(VENV) .venv3.* .pytest_cache .mypy_cache

@@ -1,0 +1,39 @@
+"""sojourn: make a running Python program portable.
+
+    ref = sojourn.capture(globals())          # a verified, portable capsule
+    ns = sojourn.restore(ref.id)              # anywhere, in a fresh interpreter
+    sojourn.verify(ref.id)                    # restore in a fresh interpreter and compare
+"""
+
+from __future__ import annotations
+
+from sojourn.errors import (
+    CaptureError,
+    IntegrityError,
+    Problem,
+    RepositoryError,
+    RestoreError,
+    SojournError,
+    SojournWarning,
+)
+from sojourn.ops import CapsuleInfo, CapsuleRef, VerifyReport, capture, inspect, restore, scan, verify
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CapsuleInfo",
+    "CapsuleRef",
+    "CaptureError",
+    "IntegrityError",
+    "Problem",
+    "RepositoryError",
+    "RestoreError",
+    "SojournError",
+    "SojournWarning",
+    "VerifyReport",
+    "capture",
+    "inspect",
+    "restore",
+    "scan",
+    "verify",
+]

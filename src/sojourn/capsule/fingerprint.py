@@ -1,0 +1,221 @@
+"""Fingerprints: one per top-level variable, over its content and aliasing structure.
+
+A variable's fingerprint is the BLAKE3 hash of its exact segment of the capsule stream
+(values, types, and, through pickle's memo, which objects are the same object) followed by
+the chunk hashes of the buffers it owns. Computing it costs one hash over bytes that capture
+produces anyway. Tensor devices are kept out of the stream (in a side table), so the
+stream does not depend on where a tensor lived.
+
+Restore checks that the *restored objects* are the captured ones: it pickles them again
+with the same pickler and compares. Most of the time the bytes are identical. Two things
+can make them differ without any value differing, and neither is something a user can see:
+the identity of equal strings (CPython interns some strings and not others, differently in
+each process) and the iteration order of sets (string hashing is randomised per process).
+When bytes differ, both streams are read by :func:`canonical_digests`, a symbolic reader
+that interprets pickle opcodes without creating any object or running any code, and builds
+a canonical form in which strings and bytes are values, sets are sorted, and every other
+shared object is a numbered back-reference. The restore is refused only if the canonical
+forms differ.
+"""
+
+from __future__ import annotations
+
+import pickletools
+from collections.abc import Sequence
+from typing import Any
+
+import blake3
+
+from sojourn.repository.chunks import DEFAULT_CHUNK_SIZE, chunk_hash
+
+
+def segment_fingerprint(segment: bytes | memoryview, buffer_hashes: Sequence[Sequence[str]]) -> str:
+    h = blake3.blake3(b"sojourn-fp-1\0")
+    h.update(segment)
+    for hashes in buffer_hashes:
+        h.update(b"\0buf")
+        for c in hashes:
+            h.update(c.encode())
+    return h.hexdigest()[:32]
+
+
+def hash_pieces(view: memoryview, chunk_size: int = DEFAULT_CHUNK_SIZE) -> list[str]:
+    v = view.cast("B") if (view.ndim != 1 or view.format != "B") else view
+    return [chunk_hash(v[i : i + chunk_size]) for i in range(0, len(v), chunk_size)]
+
+
+# -- the symbolic reader ----------------------------------------------------------------------
+
+
+class _Node:
+    """A container or reduced object in the symbolic stream (compared by identity)."""
+
+    __slots__ = ("items", "kind")
+
+    def __init__(self, kind: str, items: list[Any] | None = None):
+        self.kind = kind
+        self.items = items if items is not None else []
+
+
+_MARK = object()
+
+
+def _pop_mark(stack: list[Any]) -> list[Any]:
+    i = len(stack) - 1
+    while stack[i] is not _MARK:
+        i -= 1
+    items = stack[i + 1 :]
+    del stack[i:]
+    return items
+
+
+def canonical_digests(
+    stream: bytes | memoryview,
+    segments: Sequence[tuple[int, int]],
+    buffer_hashes: Sequence[Sequence[str]],
+    wanted: set[int],
+) -> dict[int, str]:
+    """Canonical digests of the values of the ``wanted`` segments of ``stream``."""
+    memo: list[Any] = []
+    buffers = iter(buffer_hashes)
+    out: dict[int, str] = {}
+    data = bytes(stream)
+    for index, (start, end) in enumerate(segments):
+        stack: list[Any] = []
+        value: Any = None
+        for op, arg, _pos in pickletools.genops(data[start:end]):
+            name = op.name
+            if name in ("PROTO", "FRAME"):
+                continue
+            if name == "STOP":
+                value = stack.pop()
+                break
+            if name == "MEMOIZE":
+                memo.append(stack[-1])
+            elif name in ("BINGET", "LONG_BINGET", "GET"):
+                stack.append(memo[arg])
+            elif name in ("BINPUT", "LONG_BINPUT", "PUT"):
+                while len(memo) <= arg:
+                    memo.append(None)
+                memo[arg] = stack[-1]
+            elif name == "MARK":
+                stack.append(_MARK)
+            elif name == "EMPTY_LIST":
+                stack.append(_Node("list"))
+            elif name == "EMPTY_DICT":
+                stack.append(_Node("dict"))
+            elif name == "EMPTY_SET":
+                stack.append(_Node("set"))
+            elif name == "EMPTY_TUPLE":
+                stack.append(("tuple",))
+            elif name == "APPEND":
+                v = stack.pop()
+                stack[-1].items.append(v)
+            elif name in ("APPENDS", "ADDITEMS"):
+                items = _pop_mark(stack)
+                stack[-1].items.extend(items)
+            elif name == "SETITEM":
+                v = stack.pop()
+                k = stack.pop()
+                stack[-1].items.append((k, v))
+            elif name == "SETITEMS":
+                items = _pop_mark(stack)
+                stack[-1].items.extend(zip(items[::2], items[1::2], strict=True))
+            elif name in ("LIST", "DICT"):
+                items = _pop_mark(stack)
+                node = _Node(name.lower(), items if name == "LIST" else list(zip(items[::2], items[1::2], strict=True)))
+                stack.append(node)
+            elif name == "TUPLE":
+                stack.append(("tuple", *_pop_mark(stack)))
+            elif name in ("TUPLE1", "TUPLE2", "TUPLE3"):
+                n = int(name[-1])
+                items = stack[-n:]
+                del stack[-n:]
+                stack.append(("tuple", *items))
+            elif name == "FROZENSET":
+                stack.append(_Node("frozenset", _pop_mark(stack)))
+            elif name in ("STACK_GLOBAL",):
+                qual = stack.pop()
+                mod = stack.pop()
+                stack.append(("global", mod, qual))
+            elif name == "GLOBAL":
+                mod, _, qual = arg.partition(" ")
+                stack.append(("global", mod, qual))
+            elif name in ("REDUCE", "NEWOBJ"):
+                args = stack.pop()
+                fn = stack.pop()
+                stack.append(_Node(name.lower(), [fn, args]))
+            elif name == "NEWOBJ_EX":
+                kwargs = stack.pop()
+                args = stack.pop()
+                cls = stack.pop()
+                stack.append(_Node("newobj", [cls, args, kwargs]))
+            elif name == "BUILD":
+                state = stack.pop()
+                stack[-1].items.append(("build", state))
+            elif name == "NEXT_BUFFER":
+                stack.append(("buffer", *next(buffers)))
+            elif name == "READONLY_BUFFER":
+                continue
+            elif name == "POP":
+                stack.pop()
+            elif name == "POP_MARK":
+                _pop_mark(stack)
+            elif name == "DUP":
+                stack.append(stack[-1])
+            elif name in ("NONE", "NEWTRUE", "NEWFALSE"):
+                stack.append({"NONE": None, "NEWTRUE": True, "NEWFALSE": False}[name])
+            elif name in ("BINPERSID", "PERSID"):
+                pid = stack.pop() if name == "BINPERSID" else arg
+                stack.append(("persid", pid))
+            elif name in ("EXT1", "EXT2", "EXT4"):
+                stack.append(("ext", arg))
+            else:
+                # Every remaining opcode pushes one atom decoded by pickletools (ints,
+                # floats, strings, bytes, bytearrays).
+                stack.append(("bytearray", bytes(arg)) if name == "BYTEARRAY8" else arg)
+        if index in wanted:
+            out[index] = _digest(value)
+    return out
+
+
+def _digest(value: Any) -> str:
+    h = blake3.blake3(b"sojourn-canon-1\0")
+    seen: dict[int, int] = {}
+    _emit(value, h, seen)
+    return h.hexdigest()[:32]
+
+
+def _emit(value: Any, h: Any, seen: dict[int, int]) -> None:
+    # Iterative would be faster but recursion mirrors the structure; depth equals nesting.
+    if isinstance(value, _Node):
+        ref = seen.get(id(value))
+        if ref is not None:
+            h.update(b"R%d;" % ref)
+            return
+        seen[id(value)] = len(seen)
+        h.update(b"N" + value.kind.encode() + b"(")
+        if value.kind in ("set", "frozenset"):
+            parts = []
+            for item in value.items:
+                sub = blake3.blake3()
+                _emit(item, sub, {})
+                parts.append(sub.digest())
+            for p in sorted(parts):
+                h.update(p)
+        else:
+            for item in value.items:
+                _emit(item, h, seen)
+        h.update(b")")
+    elif isinstance(value, tuple):
+        h.update(b"T(")
+        for item in value:
+            _emit(item, h, seen)
+        h.update(b")")
+    elif isinstance(value, str):
+        b = value.encode("utf-8", "surrogatepass")
+        h.update(b"S%d:" % len(b) + b)
+    elif isinstance(value, bytes | bytearray):
+        h.update(b"B%d:" % len(value) + bytes(value))
+    else:
+        h.update(type(value).__name__.encode() + b":" + repr(value).encode() + b";")

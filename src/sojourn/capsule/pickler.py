@@ -1,0 +1,202 @@
+"""The capsule pickler: pickle protocol 5, one memo for the whole namespace, one reducer table.
+
+Every object that is not a builtin container or atom passes through
+:meth:`CapsulePickler.reducer_override`, which
+
+1. asks the dispatch table (:mod:`sojourn.capsule.registry`) for a reducer by type;
+2. routes functions and classes to the code reducer (user code travels as source);
+3. refuses what cannot travel (threads, sockets, held locks, ...) by *recording* a problem
+   and carrying on, so that one capture reports every such object, not just the first;
+4. otherwise calls the object's own ``__reduce_ex__`` itself, so that an object whose
+   reduction fails is caught here, with the object in hand, rather than deep in C.
+
+Large buffers leave the stream out of band (``PickleBuffer``); a reducer can tag a buffer
+with a kind and metadata so that restore allocates the final object before unpickling.
+"""
+
+from __future__ import annotations
+
+import copyreg
+import io
+import pickle
+import sys
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sojourn.capsule import registry
+
+PROTOCOL = 5
+
+
+@dataclass
+class BufferOut:
+    view: memoryview
+    kind: str  # "raw" or an allocator kind such as "ndarray"
+    meta: dict[str, Any]
+    owner: Any  # keeps the exporting object alive until the chunks are written
+
+
+@dataclass
+class CaptureContext:
+    """What one capture learns while pickling."""
+
+    workspace: Path | None = None
+    namespace: dict[str, Any] | None = None
+    problems: list[tuple[Any, str]] = field(default_factory=list)
+    modules: set[str] = field(default_factory=set)  # top-level modules referenced
+    user_modules: dict[str, dict[str, Any]] = field(default_factory=dict)
+    devices: list[str] = field(default_factory=list)
+    fingerprint_only: bool = False
+
+
+def _unsupported(type_name: str) -> None:
+    raise pickle.UnpicklingError(f"a placeholder for an unsupported {type_name} was unpickled")
+
+
+class CapsulePickler(pickle.Pickler):
+    def __init__(self, file: io.BufferedIOBase | io.BytesIO, ctx: CaptureContext):
+        super().__init__(file, protocol=PROTOCOL, buffer_callback=self._on_buffer)
+        self.ctx = ctx
+        self.buffers: list[BufferOut] = []
+        self._tagged: dict[int, tuple[pickle.PickleBuffer, str, dict[str, Any], Any]] = {}
+        self._keep: list[Any] = []
+        self._shared_globals: dict[int, dict[str, Any]] = {}
+
+    # -- out-of-band buffers ------------------------------------------------------------------
+
+    def out_of_band(self, owner: Any, kind: str = "raw", meta: dict[str, Any] | None = None) -> pickle.PickleBuffer:
+        """A ``PickleBuffer`` over ``owner`` whose restore allocator is ``kind``."""
+        pb = pickle.PickleBuffer(owner)
+        self._tagged[id(pb)] = (pb, kind, meta or {}, owner)
+        return pb
+
+    def _on_buffer(self, pb: pickle.PickleBuffer) -> bool:
+        tag = self._tagged.pop(id(pb), None)
+        if tag is None:
+            kind, meta, owner = "raw", {}, pb
+        else:
+            _, kind, meta, owner = tag
+        self.buffers.append(BufferOut(pb.raw(), kind, meta, owner))
+        return False  # never in-band
+
+    # -- problems -------------------------------------------------------------------------------
+
+    def problem(self, obj: Any, reason: str) -> tuple[Any, ...]:
+        """Record that ``obj`` cannot travel and return a placeholder so pickling goes on."""
+        self.ctx.problems.append((obj, reason))
+        return (_unsupported, (registry.type_name(type(obj)),))
+
+    def keepalive(self, obj: Any) -> None:
+        self._keep.append(obj)
+
+    def note_module(self, module_name: str | None) -> None:
+        if module_name:
+            self.ctx.modules.add(module_name.partition(".")[0])
+
+    # -- the override -----------------------------------------------------------------------------
+
+    def reducer_override(self, obj: Any) -> Any:
+        t = type(obj)
+        reducer = registry.lookup(t)
+        if reducer is not None:
+            return reducer(obj, self)
+        if isinstance(obj, type):
+            from sojourn.capsule.reducers import code
+
+            return code.reduce_class(obj, self)
+        if t is types.FunctionType:
+            from sojourn.capsule.reducers import code
+
+            return code.reduce_function(obj, self)
+        if t in _NATIVE or t in copyreg.dispatch_table:
+            return NotImplemented
+        reason = _refusal(obj)
+        if reason is not None:
+            return self.problem(obj, reason)
+        try:
+            rv = obj.__reduce_ex__(PROTOCOL)
+        except Exception as e:
+            return self.problem(obj, _explain(obj, e))
+        if isinstance(rv, str):
+            self.note_module(getattr(obj, "__module__", None))
+            return NotImplemented  # a global: pickle looks it up by name
+        if isinstance(rv, tuple) and rv:
+            cls = getattr(t, "__module__", None)
+            self.note_module(cls)
+        return rv
+
+
+# Types whose pickling the C pickler does best on its own.
+_NATIVE: set[type] = {
+    types.BuiltinFunctionType,
+    types.BuiltinMethodType,
+    type(None),
+    types.EllipsisType,
+    types.NotImplementedType,
+    complex,
+    range,
+    slice,
+}
+
+
+def _explain(obj: Any, exc: Exception) -> str:
+    msg = str(exc) or type(exc).__name__
+    return f"it has no reducer and its own pickling fails: {msg}"
+
+
+# Reasons, by base type, for objects that never travel. Checked with isinstance, but only
+# against modules already imported: scanning must not import anything.
+_REFUSED: list[tuple[str, str, str]] = [
+    ("threading", "Thread", "a running thread cannot be moved; join it before the pause, or "
+     "start it again after resume"),
+    ("socket", "socket", "a network socket is tied to this machine's connections; close it "
+     "and reconnect after resume"),
+    ("subprocess", "Popen", "a child process stays on this machine; wait for it or restart it "
+     "after resume"),
+    ("multiprocessing.process", "BaseProcess", "a child process stays on this machine"),
+    ("multiprocessing.pool", "Pool", "a process pool stays on this machine; close it and "
+     "create it again after resume"),
+    ("concurrent.futures", "Executor", "an executor owns threads or processes; shut it down "
+     "and create it again after resume"),
+    ("asyncio", "AbstractEventLoop", "an event loop owns this machine's file descriptors"),
+    ("sqlite3", "Connection", "a database connection is tied to this process; reconnect after "
+     "resume"),
+    ("selectors", "BaseSelector", "a selector watches this process's file descriptors"),
+    ("mmap", "mmap", "a memory map is tied to this process; copy the data into an array"),
+    ("ssl", "SSLContext", "TLS state is tied to this process"),
+]
+
+
+_REFUSAL_CACHE: dict[type, str | None] = {}
+
+
+def _refusal(obj: Any) -> str | None:
+    # By type, cached: a type created before a module was imported cannot derive from it.
+    t = type(obj)
+    try:
+        return _REFUSAL_CACHE[t]
+    except KeyError:
+        pass
+    reason = _refusal_uncached(obj)
+    _REFUSAL_CACHE[t] = reason
+    return reason
+
+
+def _refusal_uncached(obj: Any) -> str | None:
+    if isinstance(obj, types.FrameType | types.TracebackType):
+        return "interpreter frames and tracebacks are tied to this process"
+    if isinstance(obj, types.GeneratorType | types.CoroutineType | types.AsyncGeneratorType):
+        return (
+            "a generator or coroutine cannot be captured by sojourn.capture(); run the program "
+            "under `sojourn run`, which resumes user generators from source"
+        )
+    if isinstance(obj, types.CodeType):
+        return "bytecode does not travel between Python versions; capture the function instead"
+    for mod, name, reason in _REFUSED:
+        m = sys.modules.get(mod)
+        base = getattr(m, name, None) if m is not None else None
+        if isinstance(base, type) and isinstance(obj, base):
+            return reason
+    return None

@@ -1,0 +1,12 @@
+"""Reducers by family. Importing this package registers them all (no heavy imports)."""
+
+from sojourn.capsule.reducers import (  # noqa: F401
+    code,
+    files,
+    iterators,
+    numpy,
+    pandas,
+    rng,
+    stdlib,
+    torch,
+)

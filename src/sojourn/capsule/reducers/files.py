@@ -1,0 +1,1 @@
+"""Reducers for files (to be written)."""

@@ -1,0 +1,1 @@
+"""Reducers for iterators (to be written)."""

@@ -1,0 +1,137 @@
+"""numpy arrays: bytes out of band, views kept as views of their base.
+
+Plain pickle copies every view into an array of its own, so ``b = a[2:5]`` stops sharing
+memory with ``a``. Here every array is reduced relative to its *root*, the ndarray at the
+end of its ``.base`` chain:
+
+* a root that owns C- or Fortran-contiguous memory travels as one out-of-band buffer of
+  kind ``"ndarray"``; restore allocates the owning array (right dtype, shape and order)
+  before unpickling and reads the chunks straight into it;
+* every other array travels as ``(root, byte offset, shape, strides, dtype)`` and comes back
+  as ``np.ndarray(buffer=root, ...)``, whose ``.base`` is the restored root.
+
+Memory-mapped arrays come back as ordinary arrays. A root whose memory belongs to something
+else (``np.frombuffer(bytes)``, an ``mmap``) and is not contiguous travels as a contiguous
+copy, and its views as copies too; that case is rare and documented.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from sojourn.capsule.registry import register, register_allocator
+
+
+def _np() -> Any:
+    return sys.modules["numpy"]
+
+
+def _descr(dtype: Any) -> Any:
+    return _np().lib.format.dtype_to_descr(dtype)
+
+
+def _from_descr(descr: Any) -> Any:
+    np = _np()
+    if isinstance(descr, list):
+        descr = [tuple(x) if isinstance(x, list) else x for x in descr]
+        descr = [(*d[:1], _fix(d[1]), *d[2:]) for d in descr]
+    return np.lib.format.descr_to_dtype(descr)
+
+
+def _fix(x: Any) -> Any:
+    # JSON turns nested tuples into lists; descr_to_dtype wants tuples for sub-arrays.
+    if isinstance(x, list):
+        if x and all(isinstance(i, list) and len(i) >= 2 and isinstance(i[0], str) for i in x):
+            return [(i[0], _fix(i[1]), *[tuple(j) if isinstance(j, list) else j for j in i[2:]]) for i in x]
+        return tuple(_fix(i) for i in x)
+    return x
+
+
+def _root(arr: Any) -> Any:
+    np = _np()
+    root = arr
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    return root
+
+
+def _address(arr: Any) -> int:
+    return int(arr.__array_interface__["data"][0])
+
+
+def _contiguous_order(arr: Any) -> str | None:
+    if arr.flags.c_contiguous:
+        return "C"
+    if arr.flags.f_contiguous:
+        return "F"
+    return None
+
+
+# -- reconstructors (called by the unpickler) ----------------------------------------------
+
+
+def _ndarray_root(arr: Any) -> Any:
+    # The allocator already built the owning array; pickle hands it back here.
+    return arr
+
+
+def _ndarray_view(root: Any, offset: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: Any) -> Any:
+    # Works for object dtypes too: the view borrows the root's references, and its .base
+    # is the root, which keeps them alive.
+    return _np().ndarray(shape, dtype, buffer=root, offset=offset, strides=strides)
+
+
+def _ndarray_empty_objects(dtype: Any, shape: tuple[int, ...], order: str) -> Any:
+    return _np().empty(shape, dtype=dtype, order=order)
+
+
+def _ndarray_fill_objects(arr: Any, items: list[Any]) -> None:
+    flat = _np().ravel(arr, order="K")
+    for i, item in enumerate(items):
+        flat[i] = item
+
+
+# -- the reducer ------------------------------------------------------------------------------
+
+
+@register("numpy.ndarray", "numpy.memmap")
+def _ndarray_reduce(arr: Any, pickler: Any) -> Any:
+    np = _np()
+    pickler.note_module("numpy")
+    root = _root(arr)
+    shareable = root.base is None or _contiguous_order(root) is not None
+    if arr is not root and shareable:
+        offset = _address(arr) - _address(root)
+        return (_ndarray_view, (root, offset, arr.shape, arr.strides, arr.dtype))
+    # ``arr`` is a root (or a view whose root cannot be shared: it travels as a copy).
+    order = _contiguous_order(arr)
+    if order is None:
+        arr = np.ascontiguousarray(arr)
+        order = "C"
+    if type(arr) is not np.ndarray:
+        arr = arr.view(np.ndarray)  # memmap and friends come back as plain arrays
+    if arr.dtype.hasobject:
+        return (
+            _ndarray_empty_objects,
+            (arr.dtype, arr.shape, order),
+            list(np.ravel(arr, order="K")),
+            None,
+            None,
+            _ndarray_fill_objects,
+        )
+    meta = {"dtype": _descr(arr.dtype), "shape": list(arr.shape), "order": order}
+    # Bytes, not elements: datetimes and some other dtypes do not export a buffer.
+    raw = (arr.T if order == "F" else arr).reshape(-1).view(np.uint8) if arr.size else np.empty(0, np.uint8)
+    return (_ndarray_root, (pickler.out_of_band(raw, "ndarray", meta),))
+
+
+@register_allocator("ndarray")
+def _allocate_ndarray(meta: dict[str, Any], size: int) -> tuple[Any, memoryview]:
+    np = _np() if "numpy" in sys.modules else __import__("numpy")
+    arr = np.empty(tuple(meta["shape"]), dtype=_from_descr(meta["dtype"]), order=meta["order"])
+    mem = arr.T if meta["order"] == "F" else arr
+    view = memoryview(mem.reshape(-1).view(np.uint8)) if arr.size else memoryview(b"")
+    if len(view) != size:
+        raise ValueError(f"array buffer is {size} bytes but dtype and shape give {len(view)}")
+    return arr, view

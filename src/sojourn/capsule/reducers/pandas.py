@@ -1,0 +1,1 @@
+"""Reducers for pandas (to be written)."""

@@ -1,0 +1,1 @@
+"""Reducers for torch (to be written)."""

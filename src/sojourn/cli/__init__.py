@@ -1,0 +1,1 @@
+"""The ``sojourn`` command line: a thin layer over :mod:`sojourn.ops`."""

@@ -1,0 +1,71 @@
+"""``sojourn inspect`` and ``sojourn verify``."""
+
+from __future__ import annotations
+
+import click
+
+from sojourn import ops
+from sojourn.cli.output import emit_json, human_size, table
+
+repo_option = click.option(
+    "--repo", envvar="SOJOURN_REPO", default=None, help="Repository path or s3://bucket/prefix."
+)
+
+
+@click.command("inspect")
+@click.argument("capsule")
+@repo_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for programs.")
+def inspect_cmd(capsule: str, repo: str | None, as_json: bool) -> None:
+    """Show what a capsule holds: variables, files, environment, parent."""
+    info = ops.inspect(capsule, repo)
+    if as_json:
+        emit_json(info.to_json())
+        return
+    env = info.environment
+    click.echo(f"capsule   {info.id}")
+    click.echo(f"created   {info.created}")
+    click.echo(f"parent    {info.parent or '-'}")
+    click.echo(f"size      {human_size(info.size)} ({info.stats.get('bytes_written', 0)} bytes written)")
+    click.echo(
+        f"python    {env.get('python')} ({env.get('implementation')}, {env.get('machine')}, "
+        f"{env.get('byteorder')}-endian)"
+    )
+    table(
+        "variables",
+        ["name", "type", "size", "fingerprint"],
+        [[v.name, v.type, human_size(v.size), v.fingerprint[:16]] for v in info.variables],
+    )
+    if info.files:
+        table(
+            "files",
+            ["path", "size", "mode", "hash"],
+            [[f["path"], human_size(f["size"]), oct(f["mode"]), f["hash"][:16]] for f in info.files],
+        )
+    if info.distributions:
+        table("distributions", ["name", "version"], [[k, v] for k, v in sorted(info.distributions.items())])
+    if info.user_modules:
+        table("workspace modules", ["module", "sha256"], [[k, v[:16]] for k, v in sorted(info.user_modules.items())])
+
+
+@click.command("verify")
+@click.argument("capsule")
+@repo_option
+@click.option("--python", "python", default=None, help="Interpreter to verify with (default: this one).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for programs.")
+def verify_cmd(capsule: str, repo: str | None, python: str | None, as_json: bool) -> None:
+    """Restore a capsule in a fresh interpreter and compare every fingerprint."""
+    report = ops.verify(capsule, repo, python=python)
+    if as_json:
+        emit_json(report.to_json())
+    elif report.ok:
+        click.echo(
+            f"{report.capsule}: OK, {len(report.variables)} fingerprints matched in a fresh "
+            f"Python {report.python} ({report.seconds:.2f} s)"
+        )
+        for note in report.notes:
+            click.echo(f"  note: {note}")
+    else:
+        click.echo(f"{report.capsule}: FAILED: {report.error}", err=True)
+    if not report.ok:
+        raise SystemExit(1)

@@ -1,0 +1,65 @@
+"""One exception root for everything sojourn raises.
+
+Callers catch :class:`SojournError`; the few subclasses exist where a caller can act
+differently on them, and each also derives from the builtin that fits, so code that
+already handles ``FileNotFoundError`` or ``ValueError`` keeps working.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class SojournError(Exception):
+    """Root of every error sojourn raises on purpose."""
+
+
+class SojournWarning(UserWarning):
+    """Something worked but deserves a person's attention (e.g. a version mismatch)."""
+
+
+class RepositoryError(SojournError):
+    """The repository cannot be opened, read or written."""
+
+
+class RepositoryNotFound(RepositoryError, FileNotFoundError):
+    """No repository (or no such object) at the given location."""
+
+
+class ObjectNotFound(RepositoryError, KeyError):
+    """A chunk, capsule or record is missing from the repository."""
+
+    def __str__(self) -> str:  # KeyError quotes its argument; we want the plain message
+        return str(self.args[0]) if self.args else ""
+
+
+class AlreadyExists(RepositoryError, FileExistsError):
+    """An exclusive create found the object already there (the compare-and-swap lost)."""
+
+
+class IntegrityError(SojournError, ValueError):
+    """Stored data does not match its hash, signature, format version or fingerprint."""
+
+
+class CaptureError(SojournError, TypeError):
+    """The namespace holds objects that cannot travel; ``problems`` lists every one."""
+
+    def __init__(self, message: str, problems: list[Problem]):
+        super().__init__(message)
+        self.problems = problems
+
+
+class RestoreError(SojournError):
+    """A capsule could not be turned back into live objects."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One object that cannot travel, with its path from a root variable and why."""
+
+    path: str
+    type: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.path} ({self.type}): {self.reason}"

@@ -1,0 +1,190 @@
+"""The service layer: every front end (Python API, CLI, notebook, console, agents) calls these
+functions and gets dataclasses back. Nothing here prints."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from sojourn.capsule import format as fmt
+from sojourn.capsule.capture import capture_namespace
+from sojourn.capsule.restore import Restored, restore_capsule
+from sojourn.capsule.scan import scan as _scan
+from sojourn.errors import Problem, SojournError
+from sojourn.repository.repo import open_repository
+
+PathLike = str | os.PathLike[str]
+
+
+@dataclass(frozen=True)
+class VariableInfo:
+    name: str
+    type: str
+    size: int
+    fingerprint: str
+
+
+@dataclass(frozen=True)
+class CapsuleRef:
+    """What ``capture`` returns: the capsule's id and what went into it."""
+
+    id: str
+    size: int
+    variables: tuple[VariableInfo, ...]
+    repo: str
+    parent: str | None = None
+    bytes_written: int = 0
+    seconds: float = 0.0
+
+    def __str__(self) -> str:
+        return self.id
+
+
+@dataclass
+class CapsuleInfo:
+    id: str
+    created: str
+    parent: str | None
+    size: int
+    environment: dict[str, Any]
+    distributions: dict[str, str]
+    variables: list[VariableInfo]
+    files: list[dict[str, Any]]
+    user_modules: dict[str, str]
+    stats: dict[str, Any]
+    labels: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class VerifyReport:
+    capsule: str
+    ok: bool
+    python: str
+    variables: list[dict[str, Any]] = field(default_factory=list)
+    seconds: float = 0.0
+    error: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _variables(manifest: fmt.Manifest) -> tuple[VariableInfo, ...]:
+    return tuple(
+        VariableInfo(v.name, v.type, v.size, v.fingerprint)
+        for v in manifest.variables
+        if v.name != fmt.PROCESS_SEGMENT
+    )
+
+
+def capture(
+    namespace: dict[str, Any],
+    repo: PathLike | None = None,
+    *,
+    files: str | None = None,
+    parent: str | None = None,
+    labels: dict[str, Any] | None = None,
+) -> CapsuleRef:
+    with open_repository(repo, create=True) as r:
+        m = capture_namespace(namespace, r, files=files, parent=parent, labels=labels)
+        return CapsuleRef(
+            id=m.id,
+            size=m.size,
+            variables=_variables(m),
+            repo=r.url,
+            parent=m.parent,
+            bytes_written=int(m.stats.get("bytes_written", 0)),
+            seconds=float(m.stats.get("seconds_total", 0.0)),
+        )
+
+
+def restore(
+    capsule_id: str,
+    repo: PathLike | None = None,
+    *,
+    files_to: PathLike = ".",
+    device_policy: str = "auto",
+    into: dict[str, Any] | None = None,
+) -> Restored:
+    if device_policy not in ("auto", "cpu", "keep"):
+        raise SojournError(f"device_policy must be 'auto', 'cpu' or 'keep', not {device_policy!r}")
+    with open_repository(repo) as r:
+        return restore_capsule(r, capsule_id, files_to=files_to, device_policy=device_policy, into=into)
+
+
+def scan(namespace: dict[str, Any]) -> list[Problem]:
+    return _scan(namespace)
+
+
+def inspect(capsule_id: str, repo: PathLike | None = None) -> CapsuleInfo:
+    with open_repository(repo) as r:
+        m = fmt.load_manifest(r, capsule_id)
+        files: list[dict[str, Any]] = []
+        if m.files:
+            from sojourn.capsule.workspace_files import list_entries
+
+            files = list_entries(m.files, r.chunks)
+        return CapsuleInfo(
+            id=m.id,
+            created=m.created,
+            parent=m.parent,
+            size=m.size,
+            environment=m.environment,
+            distributions=m.distributions,
+            variables=list(_variables(m)),
+            files=files,
+            user_modules={k: v.get("sha256", "") for k, v in m.user_modules.items()},
+            stats=m.stats,
+            labels=m.labels,
+        )
+
+
+def verify(
+    capsule_id: str,
+    repo: PathLike | None = None,
+    *,
+    python: str | None = None,
+    timeout: float = 600.0,
+) -> VerifyReport:
+    """Restore the capsule in a fresh interpreter and compare every fingerprint there."""
+    import tempfile
+
+    with open_repository(repo) as r:
+        cap = fmt.resolve_id(r, capsule_id)
+        url = r.url
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="sojourn-verify-") as tmp:
+        cmd = [python or sys.executable, "-m", "sojourn.capsule._verify_child", cap, url, tmp]
+        env = dict(os.environ)
+        src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=tmp, env=env)
+        except subprocess.TimeoutExpired:
+            return VerifyReport(cap, False, "", error=f"the verifying interpreter did not finish in {timeout:.0f} s")
+    seconds = time.perf_counter() - t0
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if not lines:
+        err = proc.stderr.strip().splitlines()
+        return VerifyReport(cap, False, "", seconds=seconds, error=err[-1] if err else f"exit code {proc.returncode}")
+    data = json.loads(lines[-1])
+    return VerifyReport(
+        capsule=cap,
+        ok=bool(data["ok"]),
+        python=data.get("python", ""),
+        variables=data.get("variables", []),
+        seconds=seconds,
+        error=data.get("error"),
+        notes=data.get("notes", []),
+    )

@@ -1,0 +1,206 @@
+"""A repository in a local directory.
+
+Every object is written to a temporary file, fsynced, then renamed into place (linked,
+for an exclusive create, so that losing the race is an error rather than an overwrite).
+Directory fsyncs are batched into :meth:`LocalBackend.flush` so that a capture that writes
+hundreds of chunks pays for one fsync per directory, not one per chunk; the write order
+chunks → flush → manifest keeps the invariant that a manifest never names a chunk that a
+crash could lose.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+from sojourn.errors import AlreadyExists, ObjectNotFound, RepositoryError, RepositoryNotFound
+from sojourn.repository.backend import check_kind, check_name
+
+_SHARDED = {"chunks"}  # many objects: spread over 256 subdirectories
+
+
+def os_error(exc: OSError, action: str, path: Path | str) -> RepositoryError:
+    """Turn an OSError into a message that says what happened and what to do."""
+    if exc.errno == errno.ENOSPC:
+        return RepositoryError(
+            f"no space left on the device while {action} {path}; nothing was published, "
+            "the previous capsules are intact. Free some space and try again."
+        )
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return RepositoryError(
+            f"permission denied while {action} {path}: the repository is not writable by this "
+            "user. Choose another repository (--repo / $SOJOURN_REPO) or fix its permissions."
+        )
+    if exc.errno == errno.ENOTDIR:
+        return RepositoryNotFound(f"{path} is not a directory: a repository must be a directory")
+    return RepositoryError(f"{action} {path} failed: {exc.strerror or exc}")
+
+
+class LocalBackend:
+    def __init__(self, root: str | os.PathLike[str]):
+        self.root = Path(root).expanduser().absolute()
+        self.url = str(self.root)
+        self._dirty: set[Path] = set()
+        self._lock = threading.Lock()
+        self._made: set[Path] = set()
+
+    # -- location ---------------------------------------------------------------------------
+
+    def exists(self) -> bool:
+        return self.root.is_dir()
+
+    def create(self) -> None:
+        if self.root.exists() and not self.root.is_dir():
+            raise RepositoryNotFound(f"{self.root} exists and is not a directory")
+        if not self.root.parent.is_dir():
+            raise RepositoryNotFound(
+                f"cannot create a repository at {self.root}: its parent directory "
+                f"{self.root.parent} does not exist"
+            )
+        try:
+            self.root.mkdir(exist_ok=True)
+            for kind in ("config", "chunks", "capsules", "workspaces", "locks"):
+                (self.root / kind).mkdir(exist_ok=True)
+            _fsync_dir(self.root)
+        except OSError as e:
+            raise os_error(e, "creating the repository at", self.root) from e
+
+    def _path(self, kind: str, name: str) -> Path:
+        check_kind(kind)
+        check_name(name)
+        if kind in _SHARDED:
+            return self.root / kind / name[:2] / name
+        return self.root / kind / name
+
+    # -- objects ----------------------------------------------------------------------------
+
+    def save(self, kind: str, name: str, data: bytes | memoryview, *, exclusive: bool = False) -> None:
+        path = self._path(kind, name)
+        parent = path.parent
+        if parent not in self._made:
+            try:
+                parent.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise os_error(e, "creating", parent) from e
+            self._made.add(parent)
+        tmp = parent / f".tmp-{uuid.uuid4().hex}"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                view = memoryview(data).cast("B")
+                while view:
+                    n = os.write(fd, view)
+                    view = view[n:]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            if exclusive:
+                try:
+                    os.link(tmp, path)
+                except FileExistsError:
+                    raise AlreadyExists(f"{kind}/{name} already exists in {self.url}") from None
+                finally:
+                    os.unlink(tmp)
+            else:
+                os.replace(tmp, path)
+        except AlreadyExists:
+            raise
+        except OSError as e:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise os_error(e, f"writing {kind}/{name} to", self.url) from e
+        with self._lock:
+            self._dirty.add(parent)
+            if kind in _SHARDED:
+                self._dirty.add(parent.parent)
+
+    def load(self, kind: str, name: str) -> bytes:
+        path = self._path(kind, name)
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            raise ObjectNotFound(f"{kind}/{name} not found in {self.url}") from None
+        except OSError as e:
+            raise os_error(e, "reading", path) from e
+
+    def load_into(self, kind: str, name: str, out: memoryview) -> int:
+        path = self._path(kind, name)
+        try:
+            with open(path, "rb", buffering=0) as f:
+                size = os.fstat(f.fileno()).st_size
+                if size != len(out):
+                    raise ObjectNotFound(
+                        f"{kind}/{name} in {self.url} is {size} bytes, expected {len(out)} "
+                        "(truncated or replaced)"
+                    )
+                got = 0
+                while got < size:
+                    n = f.readinto(out[got:])
+                    if not n:
+                        break
+                    got += n
+                return got
+        except FileNotFoundError:
+            raise ObjectNotFound(f"{kind}/{name} not found in {self.url}") from None
+        except OSError as e:
+            raise os_error(e, "reading", path) from e
+
+    def stat(self, kind: str, name: str) -> int | None:
+        try:
+            return self._path(kind, name).stat().st_size
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise os_error(e, "reading", self._path(kind, name)) from e
+
+    def list(self, kind: str, prefix: str = "") -> Iterator[str]:
+        check_kind(kind)
+        base = self.root / kind
+        if not base.is_dir():
+            return
+        if kind in _SHARDED:
+            dirs = sorted(p for p in base.iterdir() if p.is_dir())
+        else:
+            dirs = [base]
+        for d in dirs:
+            for entry in sorted(os.listdir(d)):
+                if entry.startswith("."):
+                    continue
+                if entry.startswith(prefix) and (d / entry).is_file():
+                    yield entry
+
+    def remove(self, kind: str, name: str) -> None:
+        path = self._path(kind, name)
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            raise ObjectNotFound(f"{kind}/{name} not found in {self.url}") from None
+        except OSError as e:
+            raise os_error(e, "removing", path) from e
+        with self._lock:
+            self._dirty.add(path.parent)
+
+    def flush(self) -> None:
+        with self._lock:
+            dirty, self._dirty = self._dirty, set()
+        # Deepest first, so a new shard directory is durable before its parent's entry.
+        for d in sorted(dirty, key=lambda p: len(p.parts), reverse=True):
+            try:
+                _fsync_dir(d)
+            except OSError as e:
+                raise os_error(e, "syncing", d) from e
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,181 @@
+"""A repository in an S3 bucket (``s3://bucket/prefix``), through boto3.
+
+Credentials come from boto3's usual chain; ``AWS_ENDPOINT_URL`` (or
+``AWS_ENDPOINT_URL_S3``) points it at an S3-compatible server. Exclusive creates use a
+conditional ``PutObject`` with ``If-None-Match: *``, which AWS S3, Ceph radosgw, MinIO and
+moto honour; a server that silently ignores it would break the compare-and-swap, so
+:meth:`S3Backend.create` checks it once per bucket.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from sojourn.errors import AlreadyExists, ObjectNotFound, RepositoryError, RepositoryNotFound
+from sojourn.repository.backend import check_kind, check_name
+
+
+def _boto3() -> Any:
+    try:
+        import boto3
+        import botocore.config
+    except ImportError as e:
+        raise RepositoryError(
+            "an s3:// repository needs boto3: install it with `pip install 'sojourn[s3]'`"
+        ) from e
+    return boto3, botocore.config
+
+
+class S3Backend:
+    def __init__(self, url: str):
+        rest = url.removeprefix("s3://")
+        bucket, _, prefix = rest.partition("/")
+        if not bucket:
+            raise RepositoryNotFound(f"{url!r} names no bucket; expected s3://bucket/prefix")
+        self.url = url.rstrip("/")
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        boto3, config = _boto3()
+        self._client = boto3.session.Session().client(
+            "s3",
+            config=config.Config(
+                max_pool_connections=32,
+                retries={"max_attempts": 5, "mode": "standard"},
+                s3={"addressing_style": "path"},
+            ),
+        )
+
+    def _key(self, kind: str, name: str) -> str:
+        check_kind(kind)
+        check_name(name)
+        return f"{self.prefix}/{kind}/{name}" if self.prefix else f"{kind}/{name}"
+
+    def _error(self, exc: Exception, action: str) -> RepositoryError:
+        code = _code(exc)
+        if code in ("NoSuchBucket",):
+            return RepositoryNotFound(f"bucket {self.bucket!r} does not exist ({self.url})")
+        if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+            return RepositoryError(
+                f"access denied while {action} {self.url}: check the AWS credentials "
+                "(AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or the profile) and the bucket policy"
+            )
+        if code is None:
+            return RepositoryError(
+                f"cannot reach {self.url} while {action}: {exc}. Check AWS_ENDPOINT_URL and "
+                "the network; nothing was published."
+            )
+        return RepositoryError(f"{action} {self.url} failed: {code}: {exc}")
+
+    # -- location ---------------------------------------------------------------------------
+
+    def exists(self) -> bool:
+        try:
+            self._client.head_bucket(Bucket=self.bucket)
+        except Exception as e:
+            if _code(e) in ("404", "NoSuchBucket", "NotFound"):
+                return False
+            raise self._error(e, "opening") from e
+        return True
+
+    def create(self) -> None:
+        if not self.exists():
+            try:
+                self._client.create_bucket(Bucket=self.bucket)
+            except Exception as e:
+                if _code(e) not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+                    raise self._error(e, "creating the bucket for") from e
+
+    # -- objects ----------------------------------------------------------------------------
+
+    def save(self, kind: str, name: str, data: bytes | memoryview, *, exclusive: bool = False) -> None:
+        key = self._key(kind, name)
+        extra: dict[str, Any] = {"IfNoneMatch": "*"} if exclusive else {}
+        try:
+            self._client.put_object(Bucket=self.bucket, Key=key, Body=bytes(data), **extra)
+        except Exception as e:
+            if exclusive and _code(e) in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
+                raise AlreadyExists(f"{kind}/{name} already exists in {self.url}") from None
+            raise self._error(e, f"writing {kind}/{name} to") from e
+
+    def load(self, kind: str, name: str) -> bytes:
+        key = self._key(kind, name)
+        try:
+            resp = self._client.get_object(Bucket=self.bucket, Key=key)
+            data: bytes = resp["Body"].read()
+            return data
+        except Exception as e:
+            if _code(e) in ("NoSuchKey", "404", "NotFound"):
+                raise ObjectNotFound(f"{kind}/{name} not found in {self.url}") from None
+            raise self._error(e, f"reading {kind}/{name} from") from e
+
+    def load_into(self, kind: str, name: str, out: memoryview) -> int:
+        key = self._key(kind, name)
+        try:
+            resp = self._client.get_object(Bucket=self.bucket, Key=key)
+            size = resp["ContentLength"]
+            if size != len(out):
+                raise ObjectNotFound(
+                    f"{kind}/{name} in {self.url} is {size} bytes, expected {len(out)}"
+                )
+            body = resp["Body"]
+            got = 0
+            while got < size:
+                piece = body.read(min(8 << 20, size - got))
+                if not piece:
+                    break
+                out[got : got + len(piece)] = piece
+                got += len(piece)
+            return got
+        except ObjectNotFound:
+            raise
+        except Exception as e:
+            if _code(e) in ("NoSuchKey", "404", "NotFound"):
+                raise ObjectNotFound(f"{kind}/{name} not found in {self.url}") from None
+            raise self._error(e, f"reading {kind}/{name} from") from e
+
+    def stat(self, kind: str, name: str) -> int | None:
+        key = self._key(kind, name)
+        try:
+            resp = self._client.head_object(Bucket=self.bucket, Key=key)
+        except Exception as e:
+            if _code(e) in ("404", "NoSuchKey", "NotFound"):
+                return None
+            raise self._error(e, f"reading {kind}/{name} from") from e
+        return int(resp["ContentLength"])
+
+    def list(self, kind: str, prefix: str = "") -> Iterator[str]:
+        check_kind(kind)
+        base = f"{self.prefix}/{kind}/" if self.prefix else f"{kind}/"
+        paginator = self._client.get_paginator("list_objects_v2")
+        try:
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=base + prefix):
+                for obj in page.get("Contents", []):
+                    yield obj["Key"][len(base) :]
+        except Exception as e:
+            raise self._error(e, "listing") from e
+
+    def remove(self, kind: str, name: str) -> None:
+        if self.stat(kind, name) is None:
+            raise ObjectNotFound(f"{kind}/{name} not found in {self.url}")
+        try:
+            self._client.delete_object(Bucket=self.bucket, Key=self._key(kind, name))
+        except Exception as e:
+            raise self._error(e, f"removing {kind}/{name} from") from e
+
+    def flush(self) -> None:
+        pass  # a successful PutObject is durable
+
+
+def _code(exc: Exception) -> str | None:
+    resp = getattr(exc, "response", None)
+    if isinstance(resp, dict):
+        err = resp.get("Error", {})
+        code = err.get("Code")
+        if code is None:
+            status = resp.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            return str(status) if status else None
+        return str(code)
+    return None
+
+

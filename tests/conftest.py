@@ -1,0 +1,90 @@
+"""Shared fixtures: repositories, and running code in a fresh interpreter.
+
+Restore tests always restore in another process: a round trip inside the capturing process
+would hide exactly the bugs a capsule exists to prevent (string hashing, interning,
+modules that are already imported, classes that already exist).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SRC = ROOT / "src"
+
+
+@pytest.fixture(autouse=True)
+def _isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keys and the default repository live in a per-test SOJOURN_HOME."""
+    home = tmp_path_factory.mktemp("home")
+    monkeypatch.setenv("SOJOURN_HOME", str(home))
+    monkeypatch.delenv("SOJOURN_REPO", raising=False)
+    monkeypatch.delenv("SOJOURN_KEY", raising=False)
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> str:
+    return str(tmp_path / "repo")
+
+
+def run_py(
+    code: str,
+    *args: str,
+    cwd: str | os.PathLike[str] | None = None,
+    python: str | None = None,
+    env: dict[str, str] | None = None,
+    check: bool = True,
+    timeout: float = 300,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` as a script in a fresh interpreter (``python`` or this one)."""
+    cwd = Path(cwd) if cwd is not None else Path.cwd()
+    script = cwd / f"_script_{abs(hash(code)) % 10**8}.py"
+    script.write_text(textwrap.dedent(code))
+    full_env = dict(os.environ)
+    full_env["PYTHONPATH"] = str(SRC) + (os.pathsep + full_env["PYTHONPATH"] if full_env.get("PYTHONPATH") else "")
+    full_env.update(env or {})
+    proc = subprocess.run(
+        [python or sys.executable, str(script), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=timeout,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"script failed with exit code {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
+        )
+    return proc
+
+
+def last_json(proc: subprocess.CompletedProcess[str]) -> object:
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(("{", "["))]
+    assert lines, proc.stdout + proc.stderr
+    return json.loads(lines[-1])
+
+
+def interpreters() -> dict[str, str]:
+    """Python interpreters with sojourn and numpy importable, by minor version."""
+    found: dict[str, str] = {}
+    for v in ("3.11", "3.12", "3.13"):
+        cand = ROOT / f".venv{v}" / "bin" / "python"
+        if cand.exists():
+            found[v] = str(cand)
+    here = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    found.setdefault(here, sys.executable)
+    return found
+
+
+def needs_python(version: str) -> str:
+    py = interpreters().get(version)
+    if py is None:
+        pytest.skip(f"Python {version} with sojourn and numpy is not available (make crossvenvs creates .venv{version})")
+    return py
