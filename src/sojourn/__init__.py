@@ -16,7 +16,16 @@ from sojourn.errors import (
     SojournError,
     SojournWarning,
 )
-from sojourn.ops import CapsuleInfo, CapsuleRef, VerifyReport, capture, inspect, restore, scan, verify
+from sojourn.ops import (
+    CapsuleInfo,
+    CapsuleRef,
+    VerifyReport,
+    capture,
+    inspect,
+    restore,
+    scan,
+    verify,
+)
 
 __version__ = "0.1.0"
 

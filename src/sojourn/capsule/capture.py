@@ -23,7 +23,7 @@ from sojourn.capsule import format as fmt
 from sojourn.capsule import reducers  # noqa: F401  (registers every reducer)
 from sojourn.capsule.environment import distributions_for
 from sojourn.capsule.fingerprint import segment_fingerprint
-from sojourn.capsule.pickler import BufferOut, CaptureContext, CapsulePickler
+from sojourn.capsule.pickler import BufferOut, CapsulePickler, CaptureContext
 from sojourn.capsule.reducers.rng import capture_process_state
 from sojourn.capsule.scan import problems_with_paths
 from sojourn.errors import CaptureError, Problem

@@ -83,6 +83,7 @@ def canonical_digests(
     for index, (start, end) in enumerate(segments):
         stack: list[Any] = []
         value: Any = None
+        arg: Any
         for op, arg, _pos in pickletools.genops(data[start:end]):
             name = op.name
             if name in ("PROTO", "FRAME"):

@@ -74,6 +74,7 @@ class CapsulePickler(pickle.Pickler):
 
     def _on_buffer(self, pb: pickle.PickleBuffer) -> bool:
         tag = self._tagged.pop(id(pb), None)
+        meta: dict[str, Any]
         if tag is None:
             kind, meta, owner = "raw", {}, pb
         else:

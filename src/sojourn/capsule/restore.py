@@ -28,7 +28,7 @@ from sojourn.capsule import reducers  # noqa: F401  (registers every reducer)
 from sojourn.capsule.context import RestoreContext, restoring
 from sojourn.capsule.environment import check_distributions
 from sojourn.capsule.fingerprint import canonical_digests, hash_pieces, segment_fingerprint
-from sojourn.capsule.pickler import BufferOut, CaptureContext, CapsulePickler
+from sojourn.capsule.pickler import BufferOut, CapsulePickler, CaptureContext
 from sojourn.capsule.reducers.rng import apply_process_state
 from sojourn.capsule.registry import allocator
 from sojourn.errors import IntegrityError, ObjectNotFound, RestoreError

@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
-from sojourn.capsule.pickler import CaptureContext, CapsulePickler
+from sojourn.capsule.pickler import CapsulePickler, CaptureContext
 from sojourn.capsule.registry import type_name
 from sojourn.errors import Problem
 
@@ -58,6 +58,8 @@ def _children(obj: Any) -> Iterator[tuple[str, Any]]:
         return
     if isinstance(obj, types.ModuleType | type):
         return
+    if t.__module__ != "builtins":
+        yield ".__class__", t
     d = getattr(obj, "__dict__", None)
     if isinstance(d, dict):
         for k, v in list(d.items()):

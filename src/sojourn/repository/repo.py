@@ -10,7 +10,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sojourn.errors import AlreadyExists, IntegrityError, ObjectNotFound, RepositoryError, RepositoryNotFound
+from sojourn.errors import (
+    AlreadyExists,
+    IntegrityError,
+    ObjectNotFound,
+    RepositoryError,
+    RepositoryNotFound,
+)
 from sojourn.repository.backend import Backend
 from sojourn.repository.chunks import DEFAULT_CHUNK_SIZE, ChunkStore
 
