@@ -95,9 +95,12 @@ def capture(
     files: str | None = None,
     parent: str | None = None,
     labels: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> CapsuleRef:
+    """Capture ``namespace`` (and ``extra``, process-level state such as a paused program's
+    stack, carried in the process segment with the same memo) into a capsule."""
     with open_repository(repo, create=True) as r:
-        m = capture_namespace(namespace, r, files=files, parent=parent, labels=labels)
+        m = capture_namespace(namespace, r, files=files, parent=parent, labels=labels, extra=extra)
         return CapsuleRef(
             id=m.id,
             size=m.size,

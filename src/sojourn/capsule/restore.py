@@ -42,6 +42,7 @@ class Restored(dict[str, Any]):
     manifest: fmt.Manifest
     timings: dict[str, float]
     notes: list[str]
+    process: dict[str, Any]  # the process segment: RNG states and what capture(extra=) added
 
 
 def _allocate(buf: fmt.Buffer) -> tuple[Any, memoryview]:
@@ -138,6 +139,7 @@ def restore_capsule(
     t_end = time.perf_counter()
     out = Restored(namespace) if into is None else Restored()
     out.manifest = manifest
+    out.process = process_state
     out.notes = notes + ctx.warnings
     out.timings = {
         "files": t_files - t0,
