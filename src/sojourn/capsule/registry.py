@@ -3,7 +3,9 @@
 A reducer module registers ``"numpy.ndarray"`` without importing numpy; the table resolves a
 type to its reducer the first time an object of that type is pickled and caches the answer
 (a miss is cached too). A reducer has the signature ``reduce(obj, pickler) -> reduce tuple``
-and may return ``NotImplemented`` to fall back to pickle's own rules.
+and may return ``NotImplemented`` to fall back to pickle's own rules. Matching is by exact
+type unless the reducer is registered with ``subclasses=True`` (torch tensors and modules:
+user subclasses must not fall back to the library's own, device-dependent pickling).
 
 Buffer *allocators* live here as well: a reducer that hands a buffer out of band can name a
 kind (``"ndarray"``) and metadata, and at restore time the allocator for that kind creates
@@ -22,6 +24,7 @@ Allocator = Callable[[dict[str, Any], int], tuple[Any, memoryview]]
 
 _BY_NAME: dict[str, Reducer] = {}
 _BY_TYPE: dict[type, Reducer | None] = {}
+_FOR_SUBCLASSES: set[str] = set()
 _ALLOCATORS: dict[str, Allocator] = {}
 
 
@@ -29,7 +32,7 @@ def type_name(t: type) -> str:
     return f"{t.__module__}.{t.__qualname__}"
 
 
-def register(*names: str) -> Callable[[Reducer], Reducer]:
+def register(*names: str, subclasses: bool = False) -> Callable[[Reducer], Reducer]:
     """Register ``fn`` as the reducer for the types with these ``module.qualname`` names."""
 
     def deco(fn: Reducer) -> Reducer:
@@ -37,6 +40,8 @@ def register(*names: str) -> Callable[[Reducer], Reducer]:
             if name in _BY_NAME and _BY_NAME[name] is not fn:
                 raise RuntimeError(f"two reducers registered for {name}")
             _BY_NAME[name] = fn
+            if subclasses:
+                _FOR_SUBCLASSES.add(name)
         _BY_TYPE.clear()
         return fn
 
@@ -59,6 +64,12 @@ def lookup(t: type) -> Reducer | None:
     except KeyError:
         pass
     r = _BY_NAME.get(type_name(t))
+    if r is None and _FOR_SUBCLASSES:
+        for base in t.__mro__[1:]:
+            name = type_name(base)
+            if name in _FOR_SUBCLASSES:
+                r = _BY_NAME[name]
+                break
     _BY_TYPE[t] = r
     return r
 
