@@ -40,6 +40,7 @@ class MemoryBackend:
 
     def load(self, kind: str, name: str) -> bytes:
         check_kind(kind)
+        check_name(name)
         try:
             return self._objects[(kind, name)]
         except KeyError:
@@ -48,12 +49,13 @@ class MemoryBackend:
     def load_into(self, kind: str, name: str, out: memoryview) -> int:
         blob = self.load(kind, name)
         if len(blob) != len(out):
-            raise ValueError(f"{kind}/{name} is {len(blob)} bytes, expected {len(out)}")
+            raise ObjectNotFound(f"{kind}/{name} in {self.url} is {len(blob)} bytes, expected {len(out)}")
         out[:] = blob
         return len(blob)
 
     def stat(self, kind: str, name: str) -> int | None:
         check_kind(kind)
+        check_name(name)
         blob = self._objects.get((kind, name))
         return None if blob is None else len(blob)
 
@@ -65,6 +67,7 @@ class MemoryBackend:
 
     def remove(self, kind: str, name: str) -> None:
         check_kind(kind)
+        check_name(name)
         with _LOCK:
             if self._objects.pop((kind, name), None) is None:
                 raise ObjectNotFound(f"{kind}/{name} not found in {self.url}")

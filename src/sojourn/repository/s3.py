@@ -4,16 +4,25 @@ Credentials come from boto3's usual chain; ``AWS_ENDPOINT_URL`` (or
 ``AWS_ENDPOINT_URL_S3``) points it at an S3-compatible server. Exclusive creates use a
 conditional ``PutObject`` with ``If-None-Match: *``, which AWS S3, Ceph radosgw, MinIO and
 moto honour; a server that silently ignores it would break the compare-and-swap, so
-:meth:`S3Backend.create` checks it once per bucket.
+:meth:`S3Backend.create` and the first exclusive save check it, once per bucket and process,
+and refuse such a server. The tests run against a real Ceph radosgw (``tools/s3-radosgw``).
 """
 
 from __future__ import annotations
 
+import threading
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
 from sojourn.errors import AlreadyExists, ObjectNotFound, RepositoryError, RepositoryNotFound
 from sojourn.repository.backend import check_kind, check_name
+
+# (endpoint, bucket) pairs whose server was seen to honour If-None-Match: checked once per
+# process, because a server that ignores it would let two writers both "win" a create.
+_CONDITIONAL_OK: set[tuple[str, str]] = set()
+_CONDITIONAL_LOCK = threading.Lock()
+_PRECONDITION_FAILED = ("PreconditionFailed", "412", "ConditionalRequestConflict")
 
 
 def _boto3() -> Any:
@@ -55,7 +64,7 @@ class S3Backend:
         code = _code(exc)
         if code in ("NoSuchBucket",):
             return RepositoryNotFound(f"bucket {self.bucket!r} does not exist ({self.url})")
-        if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+        if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403", "Forbidden"):
             return RepositoryError(
                 f"access denied while {action} {self.url}: check the AWS credentials "
                 "(AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or the profile) and the bucket policy"
@@ -80,21 +89,67 @@ class S3Backend:
 
     def create(self) -> None:
         if not self.exists():
+            extra: dict[str, Any] = {}
+            region = self._client.meta.region_name
+            # AWS wants the region spelled out outside us-east-1; other servers have their own
+            # notion of location and take the default.
+            if "amazonaws.com" in (self._client.meta.endpoint_url or "") and region not in (None, "us-east-1"):
+                extra["CreateBucketConfiguration"] = {"LocationConstraint": region}
             try:
-                self._client.create_bucket(Bucket=self.bucket)
+                self._client.create_bucket(Bucket=self.bucket, **extra)
             except Exception as e:
                 if _code(e) not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
                     raise self._error(e, "creating the bucket for") from e
+        self.check_conditional_writes()
+
+    def check_conditional_writes(self) -> None:
+        """Refuse a server that ignores ``If-None-Match: *`` (once per bucket and process).
+
+        Two conditional PUTs of one fresh key: the second must fail with 412. The probe key
+        lives under ``locks/`` and is removed afterwards.
+        """
+        ident = (str(self._client.meta.endpoint_url), self.bucket)
+        with _CONDITIONAL_LOCK:
+            if ident in _CONDITIONAL_OK:
+                return
+            key = self._key("locks", f"probe-if-none-match-{uuid.uuid4().hex}")
+            try:
+                self._client.put_object(Bucket=self.bucket, Key=key, Body=b"1", IfNoneMatch="*")
+                try:
+                    self._client.put_object(Bucket=self.bucket, Key=key, Body=b"2", IfNoneMatch="*")
+                    honoured = False
+                except Exception as e:
+                    if _code(e) not in _PRECONDITION_FAILED:
+                        raise
+                    honoured = True
+            except Exception as e:
+                raise self._error(e, "checking conditional writes on") from e
+            finally:
+                try:
+                    self._client.delete_object(Bucket=self.bucket, Key=key)
+                except Exception:
+                    pass  # a leftover probe object is harmless
+            if not honoured:
+                raise RepositoryError(
+                    f"the S3 server at {ident[0]} ignores conditional writes (PutObject with "
+                    "If-None-Match: *), so two writers could both create the same object and "
+                    "corrupt the repository. Use a server that supports them (AWS S3, Ceph "
+                    "radosgw, MinIO) or a local repository."
+                )
+            _CONDITIONAL_OK.add(ident)
 
     # -- objects ----------------------------------------------------------------------------
 
     def save(self, kind: str, name: str, data: bytes | memoryview, *, exclusive: bool = False) -> None:
         key = self._key(kind, name)
-        extra: dict[str, Any] = {"IfNoneMatch": "*"} if exclusive else {}
+        extra: dict[str, Any] = {}
+        if exclusive:
+            self.check_conditional_writes()
+            extra["IfNoneMatch"] = "*"
         try:
             self._client.put_object(Bucket=self.bucket, Key=key, Body=bytes(data), **extra)
         except Exception as e:
-            if exclusive and _code(e) in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
+            if exclusive and _code(e) in _PRECONDITION_FAILED:
                 raise AlreadyExists(f"{kind}/{name} already exists in {self.url}") from None
             raise self._error(e, f"writing {kind}/{name} to") from e
 
