@@ -17,10 +17,14 @@ $(VENV)/.installed: pyproject.toml
 
 setup: $(VENV)/.installed
 
-# Interpreters for the cross-version tests (pyenv's 3.12 and 3.13 when present).
+# Interpreters for the cross-version tests (pyenv's 3.12 and 3.13 when present). A pyenv
+# shim is on PATH even for versions that are not selected, so each candidate must run.
 crossvenvs: setup
 	@for v in 3.11 3.12 3.13; do \
-	  py=$$(command -v python$$v || true); \
+	  py=""; \
+	  for c in $$(command -v python$$v) $$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/$$v.*/bin/python$$v 2>/dev/null); do \
+	    if $$c -c "" 2>/dev/null; then py=$$c; break; fi; \
+	  done; \
 	  if [ -n "$$py" ] && [ ! -x .venv$$v/bin/python ]; then \
 	    $$py -m venv .venv$$v && .venv$$v/bin/pip install -q -e . numpy || rm -rf .venv$$v; \
 	  fi; \

@@ -159,7 +159,13 @@ def canonical_digests(
             elif name == "READONLY_BUFFER":
                 continue
             elif name == "POP":
-                stack.pop()
+                popped = stack.pop()
+                # A reduce whose result is dropped ran for its effect: pickle's call of a
+                # state_setter(obj, state). That state is part of obj's content.
+                if isinstance(popped, _Node) and popped.kind == "reduce":
+                    args = popped.items[1]
+                    if isinstance(args, tuple) and len(args) == 3 and isinstance(args[1], _Node):
+                        args[1].items.append(("setstate", popped))
             elif name == "POP_MARK":
                 _pop_mark(stack)
             elif name == "DUP":

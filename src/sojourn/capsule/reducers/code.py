@@ -3,153 +3,88 @@
 Bytecode does not survive a change of Python minor version (a lambda pickled by
 cloudpickle on 3.11 crashes 3.13), source does. So:
 
-* a function or class from a *library* (stdlib, site-packages) is pickled by name;
-* a function or class from a *workspace module* that can be found by its qualified name is
-  pickled by name too, and the module's source hash goes into the capsule: on restore the
-  module is imported from the restored workspace files, or rebuilt from the recorded source
-  when the file is gone or changed, so there is one definition per name and ``isinstance``
-  holds;
-* everything else (``__main__``, lambdas, closures, redefined names, notebook cells) is
-  rebuilt from its own source text: the exact segment of the file the code object came
-  from, found through the file's AST, compiled again on the destination with the same file
-  name and line numbers, with its closure cells, defaults and globals restored.
+* a function or class from a *library* (stdlib, site-packages) is pickled by name, and the
+  distribution it comes from is recorded in the capsule;
+* a function or class of a *workspace module* found by its qualified name is pickled by
+  name too, and the module's source goes into the capsule (see :mod:`sojourn.capsule.modules`):
+  one definition per name, so ``isinstance`` holds, and the module is rebuilt where its file
+  is gone;
+* a method or nested class reached through its class travels as ``getattr(C, "name")``, so
+  ``C.method is f`` still holds;
+* everything else (``__main__``, lambdas, closures, decorated wrappers, redefined names,
+  classes defined in a function) is rebuilt from its own source (:mod:`sojourn.capsule.source`)
+  with its closure cells, defaults, attributes and globals. A class is rebuilt by running its
+  class statement again (decorators and metaclass included), then setting the attributes
+  that changed after it was made.
 
-Methods reached through their class (``f = C.method``) travel as ``getattr(C, "method")`` so
-that identity with the class's own function holds.
+Globals: a function whose globals are the namespace being captured gets the namespace being
+restored; one from a module gets that module's; otherwise (``capture({"f": f})``) it gets a
+dict shared by the functions that had the same globals, holding just the names they use.
 """
 
 from __future__ import annotations
 
 import ast
-import builtins
 import enum
 import functools
-import hashlib
 import importlib
 import linecache
-import os
-import site
 import sys
-import sysconfig
-import textwrap
 import types
 import weakref
-from dataclasses import dataclass
 from typing import Any
 
+from sojourn.capsule.modules import ensure_user_module, source_record
 from sojourn.capsule.registry import register
+from sojourn.capsule.source import (
+    OUTER,
+    SOURCES,
+    TEXTS,
+    Source,
+    SourceError,
+    class_functions,
+    compile_source,
+    definition_names,
+    find_class_source,
+    function_source,
+    global_names,
+    is_library_file,
+    is_library_module,
+    lookup,
+    mangling_class,
+    unwrap,
+)
 
 NAMESPACE = "sojourn:namespace"  # stands for "the namespace being restored" in a capsule
 
-
-@dataclass(frozen=True)
-class Source:
-    """Where a piece of user code came from, and its text."""
-
-    kind: str  # "def", "lambda" or "class"
-    text: str  # dedented source of the definition
-    filename: str
-    lineno: int  # line of the definition's first line (decorators included for classes)
-    name: str
-    qualname: str
-    freevars: tuple[str, ...] = ()
-
-    def __reduce__(self) -> Any:
-        return (Source, (self.kind, self.text, self.filename, self.lineno, self.name, self.qualname, self.freevars))
+# A rebuilt class -> (its source, the globals it was built in, the enclosing values it got).
+_CLASSES: weakref.WeakKeyDictionary[type, tuple[Source, dict[str, Any], tuple[Any, ...]]] = weakref.WeakKeyDictionary()
+_CLASS_SOURCES: weakref.WeakKeyDictionary[type, Source | str] = weakref.WeakKeyDictionary()
+# A member of a rebuilt class -> (class, attribute): methods and nested classes.
+_OWNERS: weakref.WeakKeyDictionary[Any, tuple[type, str]] = weakref.WeakKeyDictionary()
 
 
-# Sources of code rebuilt in this process, so that re-pickling it (to fingerprint a restore,
-# or to capture again) does not need the original file.
-_REBUILT: weakref.WeakKeyDictionary[Any, Source] = weakref.WeakKeyDictionary()
-_REBUILT_CODE: dict[types.CodeType, Source] = {}
-
-
-# -- library or user? --------------------------------------------------------------------------
-
-
-@functools.lru_cache(maxsize=1)
-def _library_roots() -> tuple[str, ...]:
-    roots = set()
-    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
-        path = sysconfig.get_paths().get(key)
-        if path:
-            roots.add(os.path.realpath(path))
-    for path in [*site.getsitepackages(), site.getusersitepackages()]:
-        roots.add(os.path.realpath(path))
-    for prefix in (sys.prefix, sys.base_prefix, sys.exec_prefix):
-        roots.add(os.path.realpath(os.path.join(prefix, "lib")))
-    roots.add(os.path.realpath(os.path.dirname(os.path.dirname(__file__))))  # sojourn itself
-    return tuple(sorted(roots))
-
-
-@functools.lru_cache(maxsize=4096)
-def _is_library_file(path: str) -> bool:
-    real = os.path.realpath(path)
-    return any(real == r or real.startswith(r + os.sep) for r in _library_roots())
-
-
-def is_library_module(name: str | None) -> bool:
-    if not name or name == "__main__":
-        return False
-    if name in sys.builtin_module_names:
-        return True
-    mod = sys.modules.get(name)
-    if mod is None:
-        return True  # not loaded here: whatever defined it, we cannot rebuild it anyway
-    path = getattr(mod, "__file__", None)
-    if not path:
-        return True  # builtin, frozen or namespace package
-    return _is_library_file(path)
-
-
-def _lookup(module: str, qualname: str) -> Any:
-    obj: Any = sys.modules.get(module)
-    if obj is None:
-        return None
-    for part in qualname.split("."):
-        if part == "<locals>":
-            return None
-        obj = getattr(obj, part, None)
-        if obj is None:
-            return None
-    return obj
+# -- workspace modules ---------------------------------------------------------------------------
 
 
 def _module_source_record(pickler: Any, name: str) -> None:
     """Remember a workspace module's source (and hash) in the capsule."""
     ctx = pickler.ctx
-    if name in ctx.user_modules:
-        return
-    mod = sys.modules.get(name)
-    path = getattr(mod, "__file__", None)
-    text = None
-    if path:
-        try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
-        except OSError:
-            text = "".join(linecache.getlines(path)) or None
-    if text is None:
-        return
-    rel = None
-    if ctx.workspace is not None and path:
-        try:
-            rel = os.path.relpath(os.path.realpath(path), os.path.realpath(ctx.workspace))
-            if rel.startswith(".."):
-                rel = None
-        except ValueError:
-            rel = None
-    ctx.user_modules[name] = {
-        "sha256": hashlib.sha256(text.encode()).hexdigest(),
-        "path": rel,
-        "source": text,
-        "is_package": bool(getattr(mod, "__path__", None)),
-    }
+    if name not in ctx.user_modules:
+        rec = source_record(name, ctx.workspace)
+        if rec is not None:
+            ctx.user_modules[name] = rec
+
+
+def reduce_workspace_module(name: str, pickler: Any) -> Any:
+    """A workspace module travels as "that module, or rebuilt from this source"."""
+    if is_library_module(name):
+        return None
+    _module_source_record(pickler, name)
+    return (ensure_user_module, (name,))
 
 
 def _user_global(module: str, qualname: str) -> Any:
-    from sojourn.capsule.modules import ensure_user_module
-
     obj: Any = ensure_user_module(module)
     for part in qualname.split("."):
         obj = getattr(obj, part)
@@ -158,194 +93,102 @@ def _user_global(module: str, qualname: str) -> Any:
 
 def _module_globals(module: str, user: bool) -> dict[str, Any]:
     if user:
-        from sojourn.capsule.modules import ensure_user_module
-
         return ensure_user_module(module).__dict__
     return importlib.import_module(module).__dict__
 
 
-# -- finding source ------------------------------------------------------------------------------
+# -- classes -------------------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=256)
-def _parse(filename: str, text: str) -> ast.Module:
-    return ast.parse(text, filename)
+def class_source(cls: type) -> Source | str:
+    known = _CLASSES.get(cls)
+    if known is not None:
+        return known[0]
+    cached = _CLASS_SOURCES.get(cls)
+    if cached is not None:
+        return cached
+    try:
+        result: Source | str = find_class_source(cls)
+    except SourceError as e:
+        result = str(e)
+    _CLASS_SOURCES[cls] = result
+    return result
 
 
-def _file_text(filename: str, module: Any = None) -> str | None:
-    lines = linecache.getlines(filename, module.__dict__ if isinstance(module, types.ModuleType) else None)
-    if not lines:
-        return None
-    return "".join(lines)
+def _enclosing_values(cls: type, src: Source) -> tuple[Any, ...] | str:
+    if not src.freevars:
+        return ()
+    known = _CLASSES.get(cls)
+    if known is not None:
+        return known[2]
+    cells = _class_cells(cls)
+    bases = _base_bindings(src, cls)
+    values = []
+    for name in src.freevars:
+        if name in cells:
+            try:
+                values.append(cells[name].cell_contents)
+                continue
+            except ValueError:
+                pass
+        if name in bases:
+            values.append(bases[name])
+            continue
+        return (f"class {cls.__qualname__} uses {name!r} of the function that defines it when the "
+                "class is created, and the class does not keep that value; define the class at "
+                "module level, or make it an attribute of the class")
+    return tuple(values)
 
 
-def _segment(text: str, start_line: int, node: ast.AST) -> str:
-    lines = text.splitlines(keepends=True)
-    end = node.end_lineno or start_line  # type: ignore[attr-defined]
-    seg = lines[start_line - 1 : end]
-    if seg:
-        # Cut anything after the node on its last line ("f = lambda: 1; g()").
-        last_col = node.end_col_offset  # type: ignore[attr-defined]
-        if last_col is not None:
-            seg[-1] = seg[-1].encode()[:last_col].decode(errors="ignore") + "\n"
-    return textwrap.dedent("".join(seg))
+def _class_cells(cls: type) -> dict[str, types.CellType]:
+    cells: dict[str, types.CellType] = {}
+    for f in class_functions(cls):
+        for name, cell in zip(f.__code__.co_freevars, f.__closure__ or (), strict=False):
+            if name != "__class__":
+                cells.setdefault(name, cell)
+    return dict(sorted(cells.items()))
 
 
-def _code_positions(code: types.CodeType) -> list[tuple[int, int]]:
-    out = []
-    for pos in code.co_positions():
-        if pos[0] is not None and pos[2] is not None:
-            out.append((pos[0], pos[2]))
+def _base_bindings(src: Source, cls: type) -> dict[str, Any]:
+    """Names in the class statement's bases (and metaclass) bound to what the class really has."""
+    try:
+        node = ast.parse("if 1:\n" + src.text if src.text[:1].isspace() else src.text).body[0]
+    except SyntaxError:
+        return {}
+    if isinstance(node, ast.If):
+        node = node.body[0]
+    if not isinstance(node, ast.ClassDef):
+        return {}
+    out: dict[str, Any] = {}
+    if "__orig_bases__" not in vars(cls) and len(node.bases) == len(cls.__bases__):
+        for b, value in zip(node.bases, cls.__bases__, strict=True):
+            if isinstance(b, ast.Name):
+                out[b.id] = value
+    for kw in node.keywords:
+        if kw.arg == "metaclass" and isinstance(kw.value, ast.Name):
+            out[kw.value.id] = type(cls)
     return out
 
 
-def function_source(func: types.FunctionType) -> Source | None:
-    code = func.__code__
-    known = _REBUILT_CODE.get(code)
-    if known is not None:
-        return known
-    filename = code.co_filename
-    text = _file_text(filename, sys.modules.get(func.__module__))
-    if text is None:
-        return None
-    try:
-        tree = _parse(filename, text)
-    except SyntaxError:
-        return None
-    is_lambda = code.co_name == "<lambda>"
-    candidates: list[ast.AST] = []
-    for node in ast.walk(tree):
-        if is_lambda and isinstance(node, ast.Lambda):
-            if node.lineno <= code.co_firstlineno <= (node.end_lineno or node.lineno):
-                candidates.append(node)
-        elif not is_lambda and isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
-            if node.name == code.co_name and code.co_firstlineno in (first, node.lineno):
-                candidates.append(node)
-    if len(candidates) > 1:
-        # Several lambdas on one line: keep the one whose span holds the code's positions.
-        positions = _code_positions(code)
-        candidates = [
-            n for n in candidates
-            if all(
-                (n.lineno, n.col_offset) <= p <= (n.end_lineno or n.lineno, n.end_col_offset or 1 << 30)  # type: ignore[attr-defined,operator]
-                for p in positions
-            )
-        ]
-        candidates.sort(key=lambda n: (n.end_lineno or 0) - n.lineno)  # type: ignore[attr-defined]
-    if not candidates:
-        return None
-    node = candidates[0]
-    src = _lambda_text(text, node) if is_lambda else _segment(text, node.lineno, node)  # type: ignore[attr-defined]
-    return Source(
-        "lambda" if is_lambda else "def",
-        src,
-        filename,
-        node.lineno,  # type: ignore[attr-defined]
-        func.__name__,
-        func.__qualname__,
-        code.co_freevars,
-    )
-
-
-def _lambda_text(text: str, node: ast.AST) -> str:
-    seg = ast.get_source_segment(text, node) or ""
-    # Keep multi-line lambdas compilable as one expression.
-    return "(" + seg + ")"
-
-
-def class_source(cls: type) -> Source | None:
-    known = _REBUILT.get(cls)
-    if known is not None:
-        return known
-    module = sys.modules.get(cls.__module__)
-    filename = getattr(module, "__file__", None)
-    if filename is None:
-        # Notebooks and exec'd code: look for the first method's file instead.
-        for value in vars(cls).values():
-            f = getattr(value, "__func__", value)
-            if isinstance(f, types.FunctionType):
-                filename = f.__code__.co_filename
-                break
-    if filename is None:
-        return None
-    text = _file_text(filename, module)
-    if text is None:
-        return None
-    try:
-        tree = _parse(filename, text)
-    except SyntaxError:
-        return None
-    firstline = getattr(cls, "__firstlineno__", None)
-    candidates = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ClassDef) and node.name == cls.__name__:
-            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
-            if firstline is None or firstline in (first, node.lineno):
-                candidates.append((node, first))
-    if firstline is None and len(candidates) > 1:
-        candidates = [c for c in candidates if _class_matches(cls, c[0])] or candidates
-        # Redefinitions: the last definition in the file is the live one for top level.
-        candidates = candidates[-1:]
-    if not candidates:
-        return None
-    node, first = candidates[0]
-    return Source("class", _segment(text, first, node), filename, first, cls.__name__, cls.__qualname__)
-
-
-def _class_matches(cls: type, node: ast.ClassDef) -> bool:
-    names = {n.name for n in node.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
-    own = {k for k, v in vars(cls).items() if isinstance(v, types.FunctionType)}
-    return own <= names
-
-
-# -- compiling source again ----------------------------------------------------------------------
-
-
-def _compile_definition(src: Source, params: tuple[str, ...]) -> types.CodeType:
-    """Compile ``src`` inside a function whose parameters are its free variables.
-
-    The padding puts every line back at its original number, so tracebacks point into the
-    user's file.
-    """
-    body = textwrap.indent(src.text, "    ")
-    if src.kind == "lambda":
-        body = f"    return {src.text.strip()}\n"
-    else:
-        body += f"    return {src.name}\n"
-    header = f"def __sojourn_outer__({', '.join(params)}):\n"
-    pad = "\n" * max(0, src.lineno - 2)
-    return compile(pad + header + body, src.filename, "exec", dont_inherit=True)
-
-
-def _inner_code(outer_module_code: types.CodeType, src: Source) -> types.CodeType:
-    outer = next(c for c in outer_module_code.co_consts if isinstance(c, types.CodeType))
-    want = "<lambda>" if src.kind == "lambda" else src.name
-    for c in outer.co_consts:
-        if isinstance(c, types.CodeType) and c.co_name == want:
-            return c
-    raise ValueError(f"cannot find the code of {src.qualname} in its recompiled source")
+# -- reconstructors ------------------------------------------------------------------------------
 
 
 def _resolve_globals(ref: Any) -> dict[str, Any]:
-    if ref == NAMESPACE:
+    if isinstance(ref, str) and ref == NAMESPACE:
         from sojourn.capsule.context import current
 
         return current().namespace
+    if isinstance(ref, tuple):  # (_module_globals, (name, user)): a module's own globals
+        return ref[0](*ref[1])  # type: ignore[no-any-return]
     return ref  # type: ignore[no-any-return]
 
 
 def _make_function(src: Source, globals_ref: Any, closure: tuple[Any, ...] | None) -> types.FunctionType:
-    glb = _resolve_globals(globals_ref)
-    code = _inner_code(_compile_definition(src, src.freevars), src)
+    code = compile_source(src).target
     if code.co_freevars != src.freevars:
-        by_name = dict(zip(src.freevars, closure or (), strict=False))
-        closure = tuple(by_name.get(n, types.CellType()) for n in code.co_freevars)
-    func = types.FunctionType(code, glb, src.name, None, closure or None)
-    func.__qualname__ = src.qualname
-    _REBUILT[func] = src
-    _REBUILT_CODE[code] = src
-    return func
+        raise ValueError(f"{src.qualname} compiled again has free variables {code.co_freevars}, "
+                         f"not {src.freevars}")
+    return types.FunctionType(code, _resolve_globals(globals_ref), code.co_name, None, closure)
 
 
 def _function_setstate(func: types.FunctionType, state: dict[str, Any]) -> None:
@@ -356,34 +199,128 @@ def _function_setstate(func: types.FunctionType, state: dict[str, Any]) -> None:
         setattr(func, k, v)
 
 
-def _make_class(src: Source, globals_ref: Any, definition_globals: dict[str, Any], module: str) -> type:
+# Classes built by each restore, by their capture-time token: a class whose arguments lead
+# back to itself (a base class whose state lists its subclasses) appears twice in the stream;
+# its statement must run once, or decorators and __init_subclass__ would run twice.
+_BUILT: dict[int, dict[int, type]] = {}  # id(RestoreContext) -> token -> class
+# Class attributes each restore has set so far: a class statement that runs later (its
+# metaclass, decorators or __init_subclass__) must not change them, e.g. append to a
+# registry the capsule already holds. They are shadowed by copies while it runs.
+_RESTORED_ATTRS: dict[int, list[tuple[type, dict[str, Any]]]] = {}
+
+
+def _per_restore(ctx: Any) -> tuple[dict[int, type], list[tuple[type, dict[str, Any]]]]:
+    if ctx is None:
+        return {}, []
+    if id(ctx) not in _BUILT:
+        weakref.finalize(ctx, _BUILT.pop, id(ctx), None)
+        weakref.finalize(ctx, _RESTORED_ATTRS.pop, id(ctx), None)
+    return _BUILT.setdefault(id(ctx), {}), _RESTORED_ATTRS.setdefault(id(ctx), [])
+
+
+def _shadow(value: Any) -> Any:
+    return type(value)(value) if type(value) in (list, dict, set) else value
+
+
+def _make_class(src: Source, globals_ref: Any, bindings: dict[str, Any], module: str,
+                enclosing: tuple[Any, ...], token: int) -> type:
+    from sojourn.capsule.context import current_or_none
+
+    built, restored = _per_restore(current_or_none())
+    if token in built:
+        return built[token]
     glb = _resolve_globals(globals_ref)
-    for k, v in definition_globals.items():
-        glb.setdefault(k, v)
-    outer_code = _compile_definition(src, ())
-    outer_fn_code = next(c for c in outer_code.co_consts if isinstance(c, types.CodeType))
-    outer = types.FunctionType(outer_fn_code, glb)
-    cls = outer()
+    compiled = compile_source(src)
+    mangle = mangling_class(src.qualname)
+    # The class statement reads its names when it runs; give it the values it had at capture
+    # (globals of the namespace being restored may not be loaded yet), then put globals back.
+    temp = {"__name__": module, **bindings}
+    saved = {k: glb[k] for k in temp if k in glb}
+    scratch: dict[str, Any] = dict(temp)
+    glb.update(temp)
+    shadowed = [(c, k, v) for c, attrs in restored for k, v in attrs.items()]
+    for c, k, v in shadowed:
+        _set_class_attr(c, k, _shadow(v))
     try:
-        cls.__qualname__ = src.qualname
+        exec(compiled.module, glb, scratch)
+        made: Any = scratch[mangle] if mangle else scratch
+        holder = made.__dict__ if isinstance(made, type) else made
+        if "<locals>" in src.qualname:
+            cls = holder[OUTER](*enclosing)
+        else:
+            cls = holder[src.name]
+    finally:
+        for c, k, v in shadowed:
+            _set_class_attr(c, k, v)
+        for k in temp:
+            if k in saved:
+                glb[k] = saved[k]
+            else:
+                glb.pop(k, None)
+    try:
         cls.__module__ = module
     except (TypeError, AttributeError):
         pass
-    _REBUILT[cls] = src
-    for value in vars(cls).values():
-        f = getattr(value, "__func__", value)
-        f = getattr(f, "fget", f)
-        if isinstance(f, types.FunctionType):
-            _REBUILT_CODE.setdefault(f.__code__, src)
+    _CLASSES[cls] = (src, glb, enclosing)
+    _register_members(cls)
+    built[token] = cls
     return cls  # type: ignore[no-any-return]
 
 
-def _class_setstate(cls: type, state: dict[str, Any]) -> None:
-    for k, v in state.items():
-        try:
-            setattr(cls, k, v)
-        except (AttributeError, TypeError):
-            pass
+def _register_members(cls: type) -> None:
+    for k, v in vars(cls).items():
+        if isinstance(v, types.FunctionType) or (isinstance(v, staticmethod) and isinstance(v.__func__, types.FunctionType)):
+            _OWNERS[v.__func__ if isinstance(v, staticmethod) else v] = (cls, k)
+        elif isinstance(v, type) and v.__qualname__ == f"{cls.__qualname__}.{k}":
+            _OWNERS[v] = (cls, k)
+            _register_members(v)
+
+
+def _class_setstate(cls: type, state: tuple[dict[str, Any], dict[str, Any] | None, dict[str, Any] | None]) -> None:
+    from sojourn.capsule.context import current_or_none
+
+    attrs, subset, cells = state
+    if subset:
+        _CLASSES[cls][1].update(subset)
+    for k, v in attrs.items():
+        _set_class_attr(cls, k, v)
+    if attrs:
+        _per_restore(current_or_none())[1].append((cls, attrs))
+    if cells:
+        _rebind_closures(cls, cells)
+
+
+def _set_class_attr(cls: type, name: str, value: Any) -> None:
+    try:
+        setattr(cls, name, value)
+    except (AttributeError, TypeError):
+        pass  # read-only on this class (an Enum member, a slot of a builtin type)
+
+
+def _rebind_closures(cls: type, cells: dict[str, Any]) -> None:
+    """Give a rebuilt local class's methods the captured cells, shared as they were."""
+
+    def rebound(f: Any) -> Any:
+        if not isinstance(f, types.FunctionType) or not f.__closure__ or f.__code__ not in TEXTS:
+            return f
+        closure = tuple(cells.get(n, c) for n, c in zip(f.__code__.co_freevars, f.__closure__, strict=True))
+        g = types.FunctionType(f.__code__, f.__globals__, f.__name__, f.__defaults__, closure)
+        for attr in ("__kwdefaults__", "__annotations__", "__dict__", "__doc__", "__module__", "__qualname__"):
+            setattr(g, attr, getattr(f, attr))
+        return g
+
+    for k, v in list(vars(cls).items()):
+        parts = unwrap(v)
+        fresh = [rebound(f) for f in parts]
+        if all(a is b for a, b in zip(parts, fresh, strict=True)):
+            continue
+        if isinstance(v, staticmethod | classmethod):
+            setattr(cls, k, type(v)(fresh[0]))
+        elif isinstance(v, property):
+            setattr(cls, k, property(fresh[0], fresh[1], fresh[2], v.__doc__))
+        else:
+            setattr(cls, k, fresh[0])
+    _register_members(cls)
 
 
 def _make_cell() -> types.CellType:
@@ -423,79 +360,80 @@ def _globals_ref(func_globals: dict[str, Any], pickler: Any) -> tuple[Any, bool]
             return (_module_globals, (name, user)), False
     # A namespace we cannot name (``__main__`` when capturing a dict that is not its globals):
     # one shared dict per original, filled with what each function uses (like cloudpickle).
-    shared = pickler._shared_globals.setdefault(id(func_globals), {"__name__": name or "__main__"})
+    shared = pickler._shared_globals.setdefault(id(func_globals), {"__name__": name if isinstance(name, str) else "__main__"})
     pickler.keepalive(func_globals)
     return shared, True
 
 
-def _referenced_names(code: types.CodeType) -> set[str]:
-    names = set(code.co_names)
-    for c in code.co_consts:
-        if isinstance(c, types.CodeType):
-            names |= _referenced_names(c)
-    return names
-
-
 def reduce_function(func: types.FunctionType, pickler: Any) -> Any:
-    module = func.__module__
+    module = func.__module__ if isinstance(func.__module__, str) else None
     qualname = func.__qualname__
-    if module != "__main__" and _lookup(module, qualname) is func:
+    if module not in (None, "__main__") and lookup(module, qualname) is func:  # type: ignore[arg-type]
         if is_library_module(module):
             pickler.note_module(module)
             return NotImplemented
-        _module_source_record(pickler, module)
+        _module_source_record(pickler, module)  # type: ignore[arg-type]
         return (_user_global, (module, qualname))
-    parts = qualname.split(".")
-    if "<locals>" not in parts and len(parts) > 1:
-        owner = _lookup(module, ".".join(parts[:-1])) if module != "__main__" else None
-        if owner is None and module == "__main__":
-            owner = _main_owner(func, pickler)
-        if isinstance(owner, type) and owner.__dict__.get(parts[-1]) is func:
-            return (getattr, (owner, parts[-1]))
-    if is_library_module(module) and module not in ("__main__",):
-        # A library closure or lambda: rebuilt from the library's source if we can read it.
-        pickler.note_module(module)
+    owner = _owner_of(func, pickler)
+    if owner is not None:
+        return (getattr, owner)
+    if module not in (None, "__main__") and is_library_module(module):
+        pickler.note_module(module)  # a library's closure or lambda: rebuilt from its source
     src = function_source(func)
-    if src is None:
-        return pickler.problem(
-            func,
-            f"the source of {qualname} cannot be found (defined by exec or its file is gone); "
-            "define it in a file of the workspace",
-        )
+    if isinstance(src, str):
+        return pickler.problem(func, src)
     globals_ref, subset = _globals_ref(func.__globals__, pickler)
     state: dict[str, Any] = {}
+    if subset:
+        glb = func.__globals__
+        state["__globals_subset__"] = {n: glb[n] for n in sorted(global_names(func.__code__)) if n in glb}
+    if func.__name__ != src.name:
+        state["__name__"] = func.__name__
+    if func.__qualname__ != src.qualname:
+        state["__qualname__"] = func.__qualname__
+    state["__module__"] = func.__module__
+    state["__doc__"] = func.__doc__
     if func.__defaults__ is not None:
         state["__defaults__"] = func.__defaults__
     if func.__kwdefaults__:
         state["__kwdefaults__"] = func.__kwdefaults__
-    if func.__dict__:
-        state["__dict__"] = func.__dict__
-    if func.__doc__ is not None and func.__doc__ != _doc_of(src):
-        state["__doc__"] = func.__doc__
     if func.__annotations__:
         state["__annotations__"] = func.__annotations__
-    if func.__module__ is not None:
-        state["__module__"] = func.__module__
-    if subset:
-        glb = func.__globals__
-        state["__globals_subset__"] = {
-            n: glb[n] for n in sorted(_referenced_names(func.__code__)) if n in glb
-        }
+    if func.__dict__:
+        state["__dict__"] = func.__dict__
     return (_make_function, (src, globals_ref, func.__closure__), state, None, None, _function_setstate)
 
 
-def _doc_of(src: Source) -> None:
+def _attr_is(owner: type, name: str, obj: Any) -> bool:
+    v = owner.__dict__.get(name)
+    return v is obj or (isinstance(v, staticmethod) and v.__func__ is obj)
+
+
+def _owner_of(obj: Any, pickler: Any) -> tuple[type, str] | None:
+    """(class, attribute) through which ``obj`` (a method or nested class) is reached."""
+    hit = _OWNERS.get(obj)
+    if hit is not None and _attr_is(*hit, obj):
+        return hit
+    parts = obj.__qualname__.split(".")
+    if len(parts) < 2 or "<locals>" in parts:
+        return None
+    owner = _find_owner(obj.__module__, parts[:-1], pickler)
+    if not isinstance(owner, type):
+        return None
+    if _attr_is(owner, parts[-1], obj):
+        return (owner, parts[-1])
+    for k in vars(owner):
+        if _attr_is(owner, k, obj):  # a lambda or function stored under another name
+            return (owner, k)
     return None
 
 
-def _main_owner(func: types.FunctionType, pickler: Any) -> Any:
-    ns = pickler.ctx.namespace
+def _find_owner(module: str | None, parts: list[str], pickler: Any) -> Any:
+    if module and module != "__main__":
+        return lookup(module, ".".join(parts))
     main = sys.modules.get("__main__")
-    parts = func.__qualname__.split(".")[:-1]
-    for root in (ns, getattr(main, "__dict__", None)):
-        if not root:
-            continue
-        obj: Any = root.get(parts[0])
+    for root in (pickler.ctx.namespace, getattr(main, "__dict__", None)):
+        obj: Any = root.get(parts[0]) if isinstance(root, dict) else None
         for p in parts[1:]:
             obj = getattr(obj, p, None)
         if isinstance(obj, type):
@@ -503,76 +441,129 @@ def _main_owner(func: types.FunctionType, pickler: Any) -> Any:
     return None
 
 
-_SKIP_CLASS_ATTRS = {"__dict__", "__weakref__", "__module__", "__qualname__", "__doc__", "__firstlineno__", "__static_attributes__"}
+def _class_globals(cls: type, src: Source, pickler: Any) -> dict[str, Any]:
+    """The globals the class statement ran in: those of its own methods (compiled from its
+    source: a library decorator's wrapper has the library's), else its module's."""
+    known = _CLASSES.get(cls)
+    if known is not None:
+        return known[1]
+    for f in class_functions(cls):
+        if f.__code__.co_filename == src.filename and f.__qualname__.startswith(cls.__qualname__ + "."):
+            return f.__globals__  # a script's, or a notebook's
+    module = sys.modules.get(cls.__module__)
+    if module is not None:
+        return module.__dict__
+    return pickler.ctx.namespace if pickler.ctx.namespace is not None else {}
 
 
-def _class_state(cls: type) -> dict[str, Any]:
+def _from_source(cls: type, src: Source, name: str, value: Any) -> bool:
+    """Whether the class statement itself (or its decorators) creates this attribute.
+
+    What is not travels in the class's state: functions assigned after the class was made.
+    The answer must not depend on the Python version (3.13's dataclasses add ``__replace__``)
+    nor on which side of a restore asks.
+    """
+    if isinstance(value, type):
+        return value.__qualname__ == f"{cls.__qualname__}.{name}"
+    funcs = [f for f in unwrap(value) if isinstance(f, types.FunctionType)]
+    if not funcs:
+        return isinstance(value, property) or (callable(getattr(value, "__get__", None)) and not isinstance(
+            value, types.ModuleType | types.BuiltinFunctionType | functools.partial))
+    f = funcs[0]
+    if f.__qualname__.startswith(cls.__qualname__ + "."):
+        return True
+    if f.__code__ in SOURCES or f.__code__ in TEXTS:
+        return False  # user code rebuilt from its source elsewhere: assigned to the class
+    filename = f.__code__.co_filename
+    if is_library_file(filename) or not linecache.getlines(filename):
+        if name.startswith("__") and name.endswith("__"):
+            return True  # installed by a library's decorator or metaclass
+        module = f.__module__  # a library function assigned by the user travels by name
+        return not (isinstance(module, str) and lookup(module, f.__qualname__) is f)
+    if filename == src.filename:
+        return src.lineno <= f.__code__.co_firstlineno <= src.lineno + src.text.count("\n")
+    return False
+
+
+def _class_state(cls: type, src: Source) -> dict[str, Any]:
     if isinstance(cls, enum.EnumMeta):
-        return {}
+        return {}  # members and their values come from the class statement
     state = {}
     for k, v in vars(cls).items():
-        if k in _SKIP_CLASS_ATTRS or (k.startswith("__") and k.endswith("__")):
+        if k in ("__dict__", "__weakref__", "__module__", "__qualname__", "__doc__", "_abc_impl"):
             continue
-        if isinstance(v, types.FunctionType | staticmethod | classmethod | property | type | types.MemberDescriptorType | types.GetSetDescriptorType | functools.cached_property):
+        if isinstance(v, types.MemberDescriptorType | types.GetSetDescriptorType):
             continue
-        if callable(getattr(v, "__get__", None)) and not isinstance(v, types.ModuleType):
-            continue  # other descriptors come from the source
+        if _from_source(cls, src, k, v):
+            continue
+        if k.startswith("__") and k.endswith("__") and not isinstance(v, types.FunctionType | staticmethod | classmethod):
+            continue  # set by the class machinery (__dataclass_fields__, __firstlineno__, ...)
         state[k] = v
     return state
-
-
-def _definition_globals(src: Source, glb: dict[str, Any]) -> dict[str, Any]:
-    """Globals the class statement needs while it runs (bases, decorators, class-body names)."""
-    try:
-        code = compile(src.text, src.filename, "exec", dont_inherit=True)
-    except SyntaxError:
-        return {}
-    names = set(code.co_names)
-    for c in code.co_consts:  # the class body, but not its methods' bodies
-        if isinstance(c, types.CodeType):
-            names |= set(c.co_names)
-    return {n: glb[n] for n in sorted(names) if n in glb and not hasattr(builtins, n) and n != src.name}
 
 
 def reduce_class(cls: type, pickler: Any) -> Any:
     module = cls.__module__
     qualname = cls.__qualname__
-    if module != "__main__" and _lookup(module, qualname) is cls:
+    if module != "__main__" and lookup(module, qualname) is cls:
         if is_library_module(module):
             pickler.note_module(module)
             return NotImplemented
         _module_source_record(pickler, module)
         return (_user_global, (module, qualname))
-    if is_library_module(module) and module != "__main__":
-        return NotImplemented  # let pickle try (and fail with its own message) by name
+    owner = _owner_of(cls, pickler)
+    if owner is not None:
+        return (getattr, owner)
+    if module != "__main__" and is_library_module(module):
+        pickler.note_module(module)
+        return pickler.problem(cls, f"class {qualname} of the library module {module} cannot be found "
+                               f"by its name {module}.{qualname}, so it cannot be referenced on the "
+                               "destination")
     src = class_source(cls)
-    if src is None:
-        return pickler.problem(cls, f"the source of class {qualname} cannot be found")
-    if "<locals>" in qualname.split("."):
-        return pickler.problem(
-            cls, f"class {qualname} is defined inside a function; define it at module level"
-        )
-    main_dict = getattr(sys.modules.get(module), "__dict__", None)
-    glb = main_dict if isinstance(main_dict, dict) else (pickler.ctx.namespace or {})
-    if pickler.ctx.namespace is not None and (
-        glb is pickler.ctx.namespace or module == "__main__"
-    ):
-        globals_ref: Any = NAMESPACE if _defined_in(cls, pickler.ctx.namespace) else _globals_ref(glb, pickler)[0]
-    else:
-        globals_ref = _globals_ref(glb, pickler)[0]
-    defn = _definition_globals(src, glb)
-    return (_make_class, (src, globals_ref, defn, module), _class_state(cls), None, None, _class_setstate)
+    if isinstance(src, str):
+        return pickler.problem(cls, src)
+    enclosing = _enclosing_values(cls, src)
+    if isinstance(enclosing, str):
+        return pickler.problem(cls, enclosing)
+    glb = _class_globals(cls, src, pickler)
+    globals_ref, subset = _globals_ref(glb, pickler)
+    bindings: dict[str, Any] = {}
+    bases = _base_bindings(src, cls)
+    for name in definition_names(compile_source(src)):
+        if name in src.freevars or (name.startswith("__") and name.endswith("__")):
+            continue  # __name__ is the class's module; __annotations__ its own; no others
+        if name in bases:
+            bindings[name] = bases[name]
+        elif name in glb and glb[name] is not cls:
+            bindings[name] = glb[name]
+    used: set[str] = set()
+    for f in class_functions(cls):
+        used |= global_names(f.__code__)
+    shared = {n: glb[n] for n in sorted(used) if n in glb} if subset else None
+    cells = _class_cells(cls) if src.freevars or "<locals>" in qualname else None
+    state = (_class_state(cls, src), shared, cells or None)
+    tokens = pickler.__dict__.setdefault("_sojourn_class_tokens", {})
+    token = tokens.setdefault(id(cls), len(tokens))
+    pickler.keepalive(cls)
+    return (_make_class, (src, globals_ref, bindings, module, enclosing, token), state, None, None, _class_setstate)
 
 
-def _defined_in(cls: type, ns: dict[str, Any]) -> bool:
-    for value in vars(cls).values():
-        f = getattr(value, "__func__", value)
-        if isinstance(f, types.FunctionType):
-            return f.__globals__ is ns
-    return True
+# -- method wrappers and functools wrappers ------------------------------------------------------
 
 
-# -- functools wrappers whose own pickling is by name only ---------------------------------------
+@register("builtins.staticmethod")
+def _staticmethod_reduce(obj: staticmethod, pickler: Any) -> Any:  # type: ignore[type-arg]
+    return (staticmethod, (obj.__func__,))
+
+
+@register("builtins.classmethod")
+def _classmethod_reduce(obj: classmethod, pickler: Any) -> Any:  # type: ignore[type-arg]
+    return (classmethod, (obj.__func__,))
+
+
+@register("builtins.property")
+def _property_reduce(obj: property, pickler: Any) -> Any:
+    return (property, (obj.fget, obj.fset, obj.fdel, obj.__doc__))
 
 
 def _make_lru(func: Any, maxsize: int | None, typed: bool) -> Any:
@@ -581,8 +572,13 @@ def _make_lru(func: Any, maxsize: int | None, typed: bool) -> Any:
 
 @register("functools._lru_cache_wrapper")
 def _lru_reduce(obj: Any, pickler: Any) -> Any:
-    wrapped = obj.__wrapped__
-    if wrapped.__module__ != "__main__" and is_library_module(wrapped.__module__):
-        return NotImplemented
+    module = getattr(obj, "__module__", None)
+    if isinstance(module, str) and module != "__main__" and lookup(module, obj.__qualname__) is obj:
+        if is_library_module(module):
+            pickler.note_module(module)
+            return NotImplemented
+        _module_source_record(pickler, module)
+        return (_user_global, (module, obj.__qualname__))
     params = obj.cache_parameters()
-    return (_make_lru, (wrapped, params["maxsize"], params["typed"]))
+    return (_make_lru, (obj.__wrapped__, params["maxsize"], params["typed"]))  # the cache stays behind
+

@@ -1,1 +1,38 @@
-"""Reducers for pandas (to be written)."""
+"""Reducers that pandas, scipy and scikit-learn objects need beyond their own pickling.
+
+pandas DataFrames and Series (categoricals, tz-aware datetimes, MultiIndex, extension
+arrays), scipy sparse matrices and fitted scikit-learn estimators pickle through their own
+``__reduce__``; their arrays go through the numpy reducer (out of band, views kept). What
+they need here is only what makes a restore compare equal to its capture:
+
+* numpy dtypes. ``np.dtype('float64')`` is one object for the whole process, shared by every
+  array and scalar that uses it, but numpy pickles a dtype as ``np.dtype('f8', copy=True)``:
+  a restore gets a fresh copy at each place, so objects that shared the dtype at capture
+  (a fitted estimator's ``n_samples_seen_`` scalar and a DataFrame's column dtype) no longer
+  share it, and the fingerprint check rightly refuses the restore. A builtin dtype that is
+  the process-wide one travels as "the process-wide dtype of this type string" instead.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from sojourn.capsule.registry import register
+
+
+def _shared_dtype(type_str: str) -> Any:
+    return sys.modules["numpy"].dtype(type_str)
+
+
+@register("numpy.dtype", subclasses=True)
+def _dtype_reduce(obj: Any, pickler: Any) -> Any:
+    np = sys.modules["numpy"]
+    pickler.note_module("numpy")
+    try:
+        shared = np.dtype(obj.str) is obj
+    except TypeError:
+        shared = False
+    if not shared:
+        return NotImplemented  # structured, datetime, byte-swapped...: numpy's own pickling
+    return (_shared_dtype, (obj.str,))

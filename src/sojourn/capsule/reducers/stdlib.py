@@ -24,6 +24,11 @@ def _module_reduce(obj: types.ModuleType, pickler: Any) -> Any:
         return pickler.problem(
             obj, "the __main__ module itself cannot be captured; capture its namespace instead"
         )
+    from sojourn.capsule.reducers.code import reduce_workspace_module
+
+    workspace = reduce_workspace_module(name, pickler)  # its source travels; rebuilt if gone
+    if workspace is not None:
+        return workspace
     pickler.note_module(name)
     return (_import_module, (name,))
 
