@@ -23,7 +23,7 @@ def main(argv: list[str]) -> int:
                 {"name": v.name, "type": v.type, "fingerprint": v.fingerprint, "match": True}
                 for v in ns.manifest.variables
             ]
-            report["notes"] = ns.notes + [str(w.message) for w in caught]
+            report["notes"] = list(dict.fromkeys(ns.notes + [str(w.message) for w in caught]))
             report["ok"] = True
     except SojournError as e:
         report["error"] = str(e)

@@ -106,7 +106,8 @@ def restore_capsule(
     stream, objects, known = read_all(repo, manifest)
     t_read = time.perf_counter()
 
-    namespace: dict[str, Any] = into if into is not None else {}
+    # Restored functions use this very dict as their globals: return it, never a copy.
+    namespace: dict[str, Any] = into if into is not None else Restored()
     ctx = RestoreContext(
         namespace=namespace,
         files_to=files_root,
@@ -137,7 +138,7 @@ def restore_capsule(
             check_fingerprints(manifest, namespace, process_state, ctx, stream)
     apply_process_state(process_state)
     t_end = time.perf_counter()
-    out = Restored(namespace) if into is None else Restored()
+    out = namespace if isinstance(namespace, Restored) else Restored()
     out.manifest = manifest
     out.process = process_state
     out.notes = notes + ctx.warnings
