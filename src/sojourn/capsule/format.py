@@ -22,7 +22,7 @@ from typing import Any
 import blake3
 
 from sojourn.errors import IntegrityError, ObjectNotFound
-from sojourn.repository.chunks import BufferRecord
+from sojourn.repository.chunks import BufferRecord, ChunkStore
 from sojourn.repository.repo import Repository
 
 FORMAT = "sojourn.capsule"
@@ -110,13 +110,20 @@ class Manifest:
     def size(self) -> int:
         return self.stream.size + sum(b.record.size for b in self.buffers)
 
-    def all_chunk_names(self) -> list[str]:
+    def all_chunk_names(self, chunks: ChunkStore | None = None) -> list[str]:
+        """Every chunk the capsule needs. The workspace files' chunks are named in the file
+        list, itself a buffer (so that the manifest stays small): listing them needs
+        ``chunks`` to read it, and is refused without it rather than silently incomplete."""
         names = list(self.stream.names())
         for b in self.buffers:
             names.extend(b.record.names())
         if self.files and self.files.get("manifest"):
             names.extend(BufferRecord.from_json(self.files["manifest"]).names())
-            names.extend(self.files.get("chunks", []))
+            if chunks is None:
+                raise ValueError("this capsule has workspace files: pass the chunk store to list their chunks")
+            from sojourn.capsule.workspace_files import content_chunk_names
+
+            names.extend(content_chunk_names(self.files, chunks))
         return names
 
 
