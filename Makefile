@@ -34,9 +34,9 @@ demo: setup
 	$(PY) examples/demo.py
 
 lint: setup
-	$(VENV)/bin/ruff check src tests bench examples
+	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
-	$(VENV)/bin/lint-imports
+	$(VENV)/bin/lint-imports --no-cache
 
 unit: setup
 	$(PY) -m pytest -q -x
