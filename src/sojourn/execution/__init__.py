@@ -1,1 +1,50 @@
-"""Execution: pausing a running script between two statements and resuming it (see docs/design.md)."""
+"""Pausing a running script between two statements and carrying it on in a new process.
+
+    from sojourn.execution import run_script, resume, request_pause
+    run_script("train.py", ["--epochs", "3"], repo="~/.sojourn/repo")   # SIGTERM/SIGUSR1 pause it
+    resume("cap_...", repo="~/.sojourn/repo")                            # in a new process
+
+See ``docs/execution.md`` for what is saved, what runs again on resume, and what is refused.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "EXIT_PAUSED",
+    "EXIT_PAUSE_FAILED",
+    "PauseEvent",
+    "PauseRefusal",
+    "ResumeError",
+    "pause_status",
+    "register_context",
+    "register_iter_hook",
+    "request_pause",
+    "resume",
+    "run_script",
+]
+
+EXIT_PAUSED = 75
+EXIT_PAUSE_FAILED = 76
+
+
+def __getattr__(name: str) -> Any:
+    # Imported on first use: `import sojourn.execution` stays cheap for the CLI.
+    if name in ("run_script", "resume", "ResumeError", "Resumed"):
+        from sojourn.execution import runner
+
+        return getattr(runner, name)
+    if name in ("request_pause", "pause_status", "PauseEvent", "PauseRefusal"):
+        from sojourn.execution import pause
+
+        return getattr(pause, name)
+    if name == "register_context":
+        from sojourn.execution.contexts import register_context
+
+        return register_context
+    if name == "register_iter_hook":
+        from sojourn.execution.iterhooks import register_iter_hook
+
+        return register_iter_hook
+    raise AttributeError(f"module 'sojourn.execution' has no attribute {name!r}")

@@ -1,0 +1,218 @@
+"""Running a script under sojourn, and carrying a paused one on in a new process.
+
+``run_script`` runs the script as ``__main__`` in this process, in normal form, with the pause
+machinery installed. ``resume`` does, in a fresh process:
+
+1. read the capsule's manifest (nothing unpickled yet) and refuse if a source changed, or if
+   this Python parses it into a different layout;
+2. compile the sources again (in normal form) and define again the main script's top-level
+   imports, functions and classes that came before the paused statement;
+3. restore the capsule into the main script's globals (fingerprints checked), then the other
+   modules' globals, and run the rebuilt generators up to where they stopped;
+4. run the main script's resume copy, which re-enters every saved frame in turn.
+"""
+
+from __future__ import annotations
+
+import builtins
+import os
+import sys
+import tokenize
+import types
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sojourn.errors import SojournError
+from sojourn.execution import importer, pause
+from sojourn.execution.checkpoint import FORMAT_VERSION, LABEL
+from sojourn.execution.runtime import RUNTIME
+from sojourn.execution.transform import TRANSFORM_VERSION, source_hash
+
+PathLike = str | os.PathLike[str]
+
+
+class ResumeError(SojournError):
+    """A capsule cannot be carried on here (changed sources, not a paused program...)."""
+
+
+@dataclass
+class Resumed:
+    """What ``resume(..., run=False)`` prepared: enough to check a capsule without running it."""
+
+    capsule: str
+    python: str
+    where: str
+    notes: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def _read_source(path: Path) -> str:
+    with tokenize.open(path) as f:  # honours a coding cookie, as python itself does
+        return f.read()
+
+
+def _new_main(script: Path) -> types.ModuleType:
+    mod = types.ModuleType("__main__")
+    mod.__file__ = str(script)
+    mod.__builtins__ = builtins  # type: ignore[attr-defined]
+    mod.__loader__ = None
+    mod.__spec__ = None
+    RUNTIME.previous_main = sys.modules.get("__main__")
+    sys.modules["__main__"] = mod
+    return mod
+
+
+def _prepare(script: Path, argv: Sequence[str]) -> types.ModuleType:
+    sys.argv = [str(argv[0]) if argv else str(script), *argv[1:]]
+    if sys.path:
+        sys.path[0] = str(script.parent)
+    else:
+        sys.path.append(str(script.parent))
+    importer.install([str(script.parent), os.getcwd()])
+    return _new_main(script)
+
+
+def _config(repo: Any, on_capsule: Callable[[pause.PauseEvent], None] | None,
+            on_refusal: Callable[[pause.PauseRefusal], None] | None, parent: str | None,
+            files: str | None, labels: dict[str, Any] | None, signals: dict[int, tuple[str, float | None, str]] | None,
+            scan_interval: float | None) -> pause.PauseConfig:
+    cfg = pause.PauseConfig(repo=repo, files=files, parent=parent, labels=dict(labels or {}),
+                            on_capsule=on_capsule, on_refusal=on_refusal, scan_interval=scan_interval)
+    if signals is not None:
+        cfg.signals = dict(signals)
+    return cfg
+
+
+def run_script(
+    path: PathLike,
+    argv: Sequence[str] = (),
+    *,
+    repo: Any = None,
+    on_capsule: Callable[[pause.PauseEvent], None] | None = None,
+    on_refusal: Callable[[pause.PauseRefusal], None] | None = None,
+    parent: str | None = None,
+    files: str | None = None,
+    labels: dict[str, Any] | None = None,
+    signals: dict[int, tuple[str, float | None, str]] | None = None,
+    scan_interval: float | None = 600.0,
+) -> int:
+    """Run the script at ``path`` with ``argv`` as ``__main__`` in this process.
+
+    Returns 0 when the script ends; its exceptions (``SystemExit`` included) propagate. When a
+    pause lands, the capsule is written to ``repo``, ``on_capsule`` is called, and the process
+    exits with :data:`~sojourn.execution.pause.EXIT_PAUSED`: this function does not return.
+    """
+    script = Path(path).resolve()
+    source = _read_source(script)
+    main = _prepare(script, [str(path), *argv])
+    tm = RUNTIME.load(source, "__main__", str(script), main.__dict__)
+    ctl = pause.start(_config(repo, on_capsule, on_refusal, parent, files, labels, signals, scan_interval))
+    ctl.enabled = True
+    exec(tm.code, main.__dict__)
+    return 0
+
+
+def _find_script(info: dict[str, Any]) -> Path:
+    rel = info.get("script_rel")
+    if rel and Path(rel).exists():
+        return Path(rel).resolve()
+    return Path(info["script"])
+
+
+def _check_sources(info: dict[str, Any], script: Path) -> None:
+    changed = []
+    for name, src in info["sources"].items():
+        path = script if name == "__main__" else Path(src["path"])
+        if name != "__main__" and not path.exists():
+            rel = os.path.relpath(src["path"], os.path.dirname(info["script"]))
+            path = script.parent / rel
+        try:
+            text = _read_source(path)
+        except OSError:
+            changed.append(f"{path} (missing)")
+            continue
+        if source_hash(text) != src["sha256"]:
+            changed.append(str(path))
+    if changed:
+        raise ResumeError(
+            "the program's source changed since the capsule was written, so its saved position "
+            "would point into different code: " + ", ".join(changed) + ". Restore those files "
+            "as they were to resume."
+        )
+
+
+def resume(
+    capsule_id: str,
+    *,
+    repo: Any = None,
+    on_capsule: Callable[[pause.PauseEvent], None] | None = None,
+    on_refusal: Callable[[pause.PauseRefusal], None] | None = None,
+    files_to: PathLike = ".",
+    labels: dict[str, Any] | None = None,
+    signals: dict[int, tuple[str, float | None, str]] | None = None,
+    scan_interval: float | None = 600.0,
+    run: bool = True,
+) -> Any:
+    """Carry on, in this (fresh) process, the program paused in capsule ``capsule_id``.
+
+    Returns 0 when the program ends (or, with ``run=False``, a :class:`Resumed` once everything
+    is restored and checked, without running anything). Later pauses write capsules whose parent
+    is ``capsule_id``.
+    """
+    import time
+
+    from sojourn.capsule import format as fmt
+    from sojourn.capsule.restore import restore_capsule
+    from sojourn.execution.reducers import prime_rebuilt
+    from sojourn.execution.resumeform import definitions_code, module_resume_code
+    from sojourn.execution.transform import REC
+    from sojourn.repository.repo import open_repository
+
+    t0 = time.perf_counter()
+    with open_repository(repo) as r:
+        manifest = fmt.load_manifest(r, capsule_id)
+        info = manifest.labels.get(LABEL)
+        if not isinstance(info, dict):
+            raise ResumeError(f"capsule {manifest.id} holds a namespace, not a paused program; "
+                              "use sojourn.restore() to load it")
+        if info.get("version") != FORMAT_VERSION or info.get("transform") != TRANSFORM_VERSION:
+            raise ResumeError(f"capsule {manifest.id} was written by another version of sojourn's "
+                              f"execution engine (format {info.get('version')}, transform "
+                              f"{info.get('transform')}); resume it with that version")
+        script = _find_script(info)
+        _check_sources(info, script)
+        main = _prepare(script, info["argv"])
+        tm = RUNTIME.load(_read_source(script), "__main__", str(script), main.__dict__)
+        if tm.layout.digest != info["sources"]["__main__"]["digest"]:
+            raise ResumeError(f"Python {sys.version.split()[0]} reads {script} into a different "
+                              f"statement layout than Python {info['python']} did; resume it with that version")
+        ctl = None
+        if run:  # signals that arrive while the capsule loads are held until the program runs
+            ctl = pause.start(_config(repo, on_capsule, on_refusal, manifest.id, None, labels, signals, scan_interval))
+        top = int(info["main_top"])
+        from sojourn.execution.checkpoint import definitions_before
+
+        RUNTIME.main_definitions = definitions_before(RUNTIME, top)
+        exec(definitions_code(tm, top), main.__dict__)
+        t_defs = time.perf_counter()
+        restored = restore_capsule(r, manifest.id, files_to=files_to, into=main.__dict__)
+    state = restored.process[LABEL]
+    for name, values in state["modules"].items():
+        RUNTIME.module(name).namespace.update(values)
+    prime_rebuilt()
+    main_rec = state["main"]
+    code = module_resume_code(tm, main_rec)
+    RUNTIME.main_codes.add(code)
+    main.__dict__[REC] = main_rec
+    t_end = time.perf_counter()
+    if not run:
+        return Resumed(manifest.id, sys.version.split()[0], info.get("where", ""), list(restored.notes),
+                       {"prepare": t_defs - t0, "restore": restored.timings.get("total", 0.0), "total": t_end - t0})
+    for note in restored.notes:
+        print(f"sojourn: {note}", file=sys.stderr)
+    assert ctl is not None
+    ctl.enabled = True
+    exec(code, main.__dict__)
+    return 0

@@ -1,0 +1,578 @@
+"""The normal form every user module runs in, statement ids, and where pauses may land.
+
+A paused frame must hold everything it needs in *locals*, because what CPython keeps on its
+value stack cannot be read or rebuilt portably. So user code is rewritten (by AST, from the
+source) into a normal form that computes the same thing:
+
+* ``for T in E`` keeps its iterator in a local: ``_sj_itN = __sojourn_iter__(E)``;
+  re-entering ``for T in _sj_itN`` after a resume continues with the same iterator;
+* calls (and ``yield``) nested in a statement are hoisted into temporaries, in evaluation
+  order, so that every call that may be paused in is a statement of its own: a pause inside
+  ``g`` in ``x = f() + g()`` does not run ``f`` again. Operands evaluated before a hoisted
+  call are hoisted too unless they are names, constants or a method lookup, so the order of
+  side effects is kept. Temporaries are deleted right after the statement that uses them;
+* ``with A as a, B as b`` is nested, and each context manager is kept in a local
+  ``_sj_cmN`` so that a resumed block can exit it without running ``A`` again;
+* unnamed ``except`` clauses get a name, so a paused handler's exception is in locals.
+
+Every statement of the normal form gets a statement id (``sid``): its index in a
+deterministic walk of the normalized tree. Ids come from the source, never from bytecode, so
+a position saved under one Python version means the same statement under another; a digest of
+the layout is kept with each capsule to refuse a resume if the trees ever differ.
+
+Pause checks (``if __sojourn_flag__: __sojourn_pause__(sid)``) read a module global, the
+cheapest flag CPython offers, and are placed where a running program must pass soon: at the
+head of every loop body, at the entry of every function that calls something (recursion), and
+before each module-level statement outside loops. Leaf functions and straight code inside
+functions carry none, which keeps a tight loop within a few per cent of plain Python.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import hashlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from sojourn.execution.expressions import (
+    children,
+    get,
+    hoistable,
+    inline_point,
+    pure,
+    put,
+    static_callee,
+    suspends,
+)
+
+TRANSFORM_VERSION = 1
+
+# Names the runtime puts into every transformed module's globals. They end with "__" so that
+# private-name mangling in class bodies leaves them alone, and the capsule skips "__sojourn*".
+FLAG = "__sojourn_flag__"
+PAUSE = "__sojourn_pause__"
+ITER = "__sojourn_iter__"
+REENTER = "__sojourn_reenter__"
+BOOT = "__sojourn_boot__"
+SENT = "__sojourn_sent__"
+CHAIN = "__sojourn_chain__"
+WITH = "__sojourn_with__"
+REC = "__sojourn_rec__"
+# Temporaries live in frames and must travel, so they are ordinary names (one underscore: no
+# mangling in methods).
+TEMP = "_sj_"
+
+Span = tuple[int, int, int, int]
+Path = tuple[tuple[str, int], ...]
+
+
+class TransformError(SyntaxError):
+    """The source cannot be put in normal form (it is not valid Python for this version)."""
+
+
+@dataclass(frozen=True)
+class Scope:
+    """A function of the source that runs in normal form (or an async one that does not)."""
+
+    key: str  # "qualname@firstline": unique in one source, stable across Python versions
+    qualname: str
+    kind: str  # "module", "function", "generator" or "async"
+    mangle: str | None  # the enclosing class name, for private-name mangling
+    firstline: int
+
+
+@dataclass(frozen=True)
+class Stmt:
+    scope: str
+    path: Path
+    line: int
+    kind: str
+
+
+@dataclass(frozen=True)
+class Site:
+    """A place where a frame can wait for a callee: a statement-level call, a ``for`` fetching
+    its next item, or a statement-level ``yield``."""
+
+    sid: int
+    kind: str  # "call", "foriter", "yield", "yieldfrom"
+    func: tuple[tuple[str, str], ...] | None = None  # static callee: (("n", "self"), ("a", "step"))
+    itvar: str | None = None  # the local holding the iterator (for, yield from)
+    arg0: tuple[tuple[str, str], ...] | None = None  # static first argument (next(g))
+
+
+@dataclass
+class Layout:
+    """Everything the runtime needs to know about one transformed source."""
+
+    module: str
+    filename: str
+    sha256: str
+    scopes: dict[str, Scope] = field(default_factory=dict)
+    stmts: list[Stmt] = field(default_factory=list)
+    sites: dict[tuple[str, Span], Site] = field(default_factory=dict)
+    ambiguous: set[tuple[str, Span]] = field(default_factory=set)
+    with_cms: dict[int, str] = field(default_factory=dict)  # sid of a With -> its manager local
+    classes: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # qualname -> (first, last line)
+    toplevel: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)  # (kind, names)
+    digest: str = ""
+    index: dict[tuple[str, Path], int] = field(default_factory=dict, repr=False, compare=False)
+
+    def where(self, sid: int) -> str:
+        st = self.stmts[sid]
+        q = self.scopes[st.scope].qualname
+        return f"{self.filename}:{st.line} in {q}"
+
+    def ancestors(self, sid: int) -> list[int]:
+        """Statements that enclose ``sid`` in its scope, outermost first."""
+        if not self.index:
+            self.index.update({(st.scope, st.path): i for i, st in enumerate(self.stmts)})
+        st = self.stmts[sid]
+        out = []
+        for k in range(1, len(st.path)):
+            if st.path[k - 1][0] in ("handlers", "cases"):
+                continue
+            a = self.index.get((st.scope, st.path[:k]))
+            if a is not None:
+                out.append(a)
+        return out
+
+
+def source_hash(source: str) -> str:
+    return hashlib.sha256(source.encode("utf-8")).hexdigest()
+
+
+def span(node: ast.AST) -> Span:
+    return (node.lineno, node.end_lineno or node.lineno, node.col_offset, node.end_col_offset or 0)  # type: ignore[attr-defined]
+
+
+def _name(id_: str, ctx: type[ast.expr_context], at: ast.AST) -> ast.Name:
+    return ast.copy_location(ast.Name(id=id_, ctx=ctx()), at)
+
+
+def located(node: ast.AST, at: ast.AST) -> Any:
+    for n in ast.walk(node):
+        if isinstance(n, ast.expr | ast.stmt | ast.excepthandler | ast.arg | ast.keyword) and not hasattr(n, "lineno"):
+            ast.copy_location(n, at)
+    return node
+
+
+def _set_span(node: ast.AST, line: int, col: int, width: int) -> None:
+    node.lineno, node.end_lineno = line, line  # type: ignore[attr-defined]
+    node.col_offset, node.end_col_offset = col, col + width  # type: ignore[attr-defined]
+
+
+def is_docstring(stmt: ast.stmt) -> bool:
+    return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)
+
+
+# -- the normaliser ------------------------------------------------------------------------------
+
+
+class _ScopeState:
+    def __init__(self, scope: Scope, is_class: bool = False):
+        self.scope = scope
+        self.is_class = is_class
+        self.ntemp = 0
+
+    def temp(self, kind: str = "t") -> str:
+        self.ntemp += 1
+        return f"{TEMP}{kind}{self.ntemp}"
+
+
+def _contains(node: ast.AST, kinds: tuple[type, ...]) -> bool:
+    """Whether ``node``'s own scope (not nested functions, classes, lambdas) has such a node."""
+    stack = list(ast.iter_child_nodes(node))
+    while stack:
+        n = stack.pop()
+        if isinstance(n, kinds):
+            return True
+        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda):
+            continue
+        stack.extend(ast.iter_child_nodes(n))
+    return False
+
+
+class Normaliser:
+    """Puts a module's tree in normal form, numbers its statements and records its sites."""
+
+    def __init__(self, module: str, filename: str, sha256: str):
+        self.layout = Layout(module=module, filename=filename, sha256=sha256)
+        self.defs: dict[str, ast.FunctionDef] = {}
+
+    # -- scopes -----------------------------------------------------------------------------------
+
+    def module(self, tree: ast.Module) -> ast.Module:
+        sc = Scope("<module>", "<module>", "module", None, 1)
+        self.layout.scopes[sc.key] = sc
+        tree.body = self.block(tree.body, _ScopeState(sc), (), "body", "all")
+        self.layout.toplevel = [_defines(s) for s in tree.body]
+        self.layout.digest = self._digest()
+        return tree
+
+    def _qualname(self, name: str, parent: _ScopeState) -> str:
+        if parent.scope.kind == "module" and not parent.is_class:
+            return name
+        if parent.is_class:
+            return f"{parent.scope.qualname}.{name}"
+        return f"{parent.scope.qualname}.<locals>.{name}"
+
+    def function(self, F: ast.FunctionDef | ast.AsyncFunctionDef, parent: _ScopeState) -> None:
+        q = self._qualname(F.name, parent)
+        first = min([F.lineno] + [d.lineno for d in F.decorator_list])
+        mangle = parent.scope.qualname.rpartition(".")[2] if parent.is_class else parent.scope.mangle
+        if isinstance(F, ast.AsyncFunctionDef):
+            kind = "async"
+        else:
+            kind = "generator" if _contains(F, (ast.Yield, ast.YieldFrom)) else "function"
+        sc = Scope(f"{q}@{first}", q, kind, mangle, first)
+        self.layout.scopes[sc.key] = sc
+        F._sj_scope = sc.key  # type: ignore[union-attr]
+        state = _ScopeState(sc)
+        if kind == "async":
+            # Coroutines are not resumable: their body runs as written, without pause points;
+            # functions defined inside them still are.
+            self._nested_only(F, state)
+            return
+        self.defs[sc.key] = F  # type: ignore[assignment]
+        F.body = self.block(F.body, state, (), "body", "entry" if _contains(F, (ast.Call,)) else "none")
+
+    def classdef(self, C: ast.ClassDef, parent: _ScopeState) -> None:
+        q = self._qualname(C.name, parent)
+        first = min([C.lineno] + [d.lineno for d in C.decorator_list])
+        cs = _ScopeState(Scope(f"{q}@{first}#class", q, "class", parent.scope.mangle, first), is_class=True)
+        self.layout.classes.setdefault(q, []).append((first, C.end_lineno or C.lineno))
+        C._sj_class = first  # type: ignore[attr-defined]
+        self._nested_only(C, cs)
+
+    def _nested_only(self, node: ast.AST, state: _ScopeState) -> None:
+        """Class bodies and coroutines run as written; only functions inside them are scopes."""
+        for child in ast.iter_child_nodes(node):
+            self._visit_nested(child, state)
+
+    def _visit_nested(self, n: ast.AST, state: _ScopeState) -> None:
+        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef):
+            self.function(n, state)
+        elif isinstance(n, ast.ClassDef):
+            self.classdef(n, state)
+        elif not isinstance(n, ast.Lambda):
+            for c in ast.iter_child_nodes(n):
+                self._visit_nested(c, state)
+
+    # -- statement lists ---------------------------------------------------------------------------
+
+    def block(self, stmts: list[ast.stmt], sc: _ScopeState, prefix: Path, field_: str, checks: str) -> list[ast.stmt]:
+        """Normalise one statement list. ``checks``: "all" (module straight code), "head" (loop
+        body), "entry" (function body that calls something) or "none"."""
+        out: list[ast.stmt] = []
+        inner = "all" if checks == "all" else "none"
+        want_first = checks in ("head", "entry")
+        for i, S in enumerate(stmts):
+            start = len(out)
+            self.statement(S, sc, prefix, field_, out, inner)
+            if start == len(out):
+                continue
+            first = out[start]
+            if checks == "all":
+                if not _future_or_docstring(first, i):
+                    first._sj_check = True  # type: ignore[attr-defined]
+            elif want_first:
+                if checks == "entry" and i == 0 and is_docstring(S):
+                    continue  # the check goes after the docstring, which must stay first
+                first._sj_check = True  # type: ignore[attr-defined]
+                want_first = False
+        return out
+
+    def emit(self, S: ast.stmt, sc: _ScopeState, prefix: Path, field_: str, out: list[ast.stmt]) -> int:
+        sid = len(self.layout.stmts)
+        S._sj_sid = sid  # type: ignore[attr-defined]
+        self.layout.stmts.append(Stmt(sc.scope.key, (*prefix, (field_, len(out))), S.lineno, type(S).__name__))
+        out.append(S)
+        self._sites(S, sid, sc)
+        return sid
+
+    def _sites(self, S: ast.stmt, sid: int, sc: _ScopeState) -> None:
+        v = inline_point(S)
+        if isinstance(v, ast.Call):
+            arg0 = static_callee(v.args[0]) if v.args and not isinstance(v.args[0], ast.Starred) else None
+            self._add_site(sc, v, Site(sid, "call", static_callee(v.func), arg0=arg0))
+        elif isinstance(v, ast.Yield):
+            self._add_site(sc, v, Site(sid, "yield"))
+        elif isinstance(v, ast.YieldFrom) and isinstance(v.value, ast.Name):
+            self._add_site(sc, v, Site(sid, "yieldfrom", itvar=v.value.id))
+
+    def _add_site(self, sc: _ScopeState, node: ast.AST, site: Site, at: Span | None = None) -> None:
+        key = (sc.scope.key, at or span(node))
+        old = self.layout.sites.get(key)
+        if old is not None and old != site:
+            self.layout.ambiguous.add(key)
+        self.layout.sites[key] = site
+
+    def statement(self, S: ast.stmt, sc: _ScopeState, prefix: Path, field_: str, out: list[ast.stmt], inner: str) -> None:
+        def sub(stmts: list[ast.stmt], sid: int, f: str, checks: str, extra: Path = ()) -> list[ast.stmt]:
+            return self.block(stmts, sc, self.layout.stmts[sid].path + extra, f, checks)
+
+        if isinstance(S, ast.FunctionDef | ast.AsyncFunctionDef):
+            self.function(S, sc)
+            self.emit(S, sc, prefix, field_, out)
+        elif isinstance(S, ast.ClassDef):
+            self.classdef(S, sc)
+            self.emit(S, sc, prefix, field_, out)
+        elif isinstance(S, ast.For):
+            temps = self._pre(S.iter, sc, prefix, field_, out, lambda e: setattr(S, "iter", e), top=False)
+            itv = sc.temp("it")
+            call = ast.Call(func=_name(ITER, ast.Load, S), args=[S.iter], keywords=[])
+            # A span of its own (the "fo" of "for") so that it never collides with the FOR_ITER
+            # span, which is the whole statement (3.11, 3.12) or the iterator name (3.13).
+            _set_span(call, S.lineno, S.col_offset, 2)
+            _set_span(call.func, S.lineno, S.col_offset, 2)
+            hdr = ast.copy_location(ast.Assign(targets=[_name(itv, ast.Store, S)], value=call), S)
+            _set_span(hdr.targets[0], S.lineno, S.col_offset, 3)
+            self.emit(hdr, sc, prefix, field_, out)
+            self._del(temps, S, sc, prefix, field_, out)
+            S.iter = _name(itv, ast.Load, S)
+            _set_span(S.iter, S.lineno, S.col_offset, 3)
+            sid = self.emit(S, sc, prefix, field_, out)
+            site = Site(sid, "foriter", itvar=itv)
+            self._add_site(sc, S, site)
+            self._add_site(sc, S.iter, site)
+            S.body = sub(S.body, sid, "body", "head")
+            S.orelse = sub(S.orelse, sid, "orelse", inner)
+            self._del([itv], S, sc, prefix, field_, out)
+        elif isinstance(S, ast.While):
+            sid = self.emit(S, sc, prefix, field_, out)
+            S.body = sub(S.body, sid, "body", "head")
+            S.orelse = sub(S.orelse, sid, "orelse", inner)
+        elif isinstance(S, ast.If):
+            self._test(S, "test", sc, prefix, field_, out)
+            sid = self.emit(S, sc, prefix, field_, out)
+            S.body = sub(S.body, sid, "body", inner)
+            S.orelse = sub(S.orelse, sid, "orelse", inner)
+        elif isinstance(S, ast.With):
+            if len(S.items) > 1:  # `with A, B:` is `with A: with B:` (B is evaluated inside A)
+                nested = ast.copy_location(ast.With(items=S.items[1:], body=S.body, type_comment=None), S.items[1].context_expr)
+                S.items, S.body = S.items[:1], [nested]
+            item = S.items[0]
+            temps = self._pre(item.context_expr, sc, prefix, field_, out, lambda e: setattr(item, "context_expr", e), top=True)
+            cm = sc.temp("cm")
+            hdr = ast.copy_location(ast.Assign(targets=[_name(cm, ast.Store, item.context_expr)], value=item.context_expr), item.context_expr)
+            self.emit(hdr, sc, prefix, field_, out)
+            self._del(temps, S, sc, prefix, field_, out)
+            item.context_expr = _name(cm, ast.Load, item.context_expr)
+            sid = self.emit(S, sc, prefix, field_, out)
+            self.layout.with_cms[sid] = cm
+            S.body = sub(S.body, sid, "body", inner)
+            self._del([cm], S, sc, prefix, field_, out)
+        elif isinstance(S, ast.Try):
+            sid = self.emit(S, sc, prefix, field_, out)
+            S.body = sub(S.body, sid, "body", inner)
+            for h, H in enumerate(S.handlers):
+                if H.name is None:
+                    H.name = sc.temp("exc")
+                H.body = sub(H.body, sid, "body", inner, (("handlers", h),))
+            S.orelse = sub(S.orelse, sid, "orelse", inner)
+            self._nested_defs(S.finalbody, sc)  # finally blocks run as written: no pause points
+        elif isinstance(S, ast.TryStar):
+            sid = self.emit(S, sc, prefix, field_, out)
+            S.body = sub(S.body, sid, "body", inner)
+            S.orelse = sub(S.orelse, sid, "orelse", inner)
+            for H in S.handlers:
+                self._nested_defs(H.body, sc)
+            self._nested_defs(S.finalbody, sc)
+        elif isinstance(S, ast.Match):
+            self._test(S, "subject", sc, prefix, field_, out)
+            sid = self.emit(S, sc, prefix, field_, out)
+            for c, case in enumerate(S.cases):
+                case.body = sub(case.body, sid, "body", inner, (("cases", c),))
+        else:
+            self.simple(S, sc, prefix, field_, out)
+
+    def _nested_defs(self, stmts: list[ast.stmt], sc: _ScopeState) -> None:
+        holder = ast.Module(body=stmts, type_ignores=[])
+        self._nested_only(holder, sc)
+
+    def simple(self, S: ast.stmt, sc: _ScopeState, prefix: Path, field_: str, out: list[ast.stmt]) -> None:
+        temps: list[str] = []
+        value = getattr(S, "value", None)
+        plain = isinstance(S, ast.Expr | ast.Assign | ast.AnnAssign | ast.Return)
+        if value is not None and (plain or (isinstance(S, ast.AugAssign) and isinstance(S.target, ast.Name))):
+            temps = self._pre(value, sc, prefix, field_, out, lambda e: setattr(S, "value", e), top=True)
+        elif isinstance(S, ast.AugAssign) and _needs_split(S):
+            self._augassign(S, sc, prefix, field_, out)
+            return
+        elif isinstance(S, ast.Raise) and S.exc is not None:
+            temps = self._pre(S.exc, sc, prefix, field_, out, lambda e: setattr(S, "exc", e), top=True)
+        self.emit(S, sc, prefix, field_, out)
+        if not isinstance(S, ast.Return | ast.Raise):
+            self._del(temps, S, sc, prefix, field_, out)
+
+    def _augassign(self, S: ast.AugAssign, sc: _ScopeState, prefix: Path, field_: str, out: list[ast.stmt]) -> None:
+        """``a[k] += f(g())`` as ``t = a[k]; t += f(g()); a[k] = t``: the target is read before
+        the calls, as Python does, and the calls become statements."""
+        pre: list[tuple[ast.stmt, str]] = []
+        tgt = S.target
+        assert isinstance(tgt, ast.Subscript | ast.Attribute)
+        obj = self.hoist(tgt.value, pre, sc, False)
+        if not isinstance(obj, ast.Name | ast.Constant):
+            obj = self._temp_for(obj, pre, sc)
+        key: ast.expr | None = None
+        if isinstance(tgt, ast.Subscript):
+            key = self.hoist(tgt.slice, pre, sc, False)
+            if not isinstance(key, ast.Name | ast.Constant):
+                key = self._temp_for(key, pre, sc)
+            load: ast.expr = ast.Subscript(value=obj, slice=key, ctx=ast.Load())
+        else:
+            load = ast.Attribute(value=obj, attr=tgt.attr, ctx=ast.Load())
+        cur = self._temp_for(located(ast.copy_location(load, tgt), tgt), pre, sc)
+        value = self.hoist(S.value, pre, sc, True)
+        for stmt, _ in pre:
+            self.emit(stmt, sc, prefix, field_, out)
+        aug = ast.copy_location(ast.AugAssign(target=_name(cur.id, ast.Store, tgt), op=S.op, value=value), S)
+        self.emit(aug, sc, prefix, field_, out)
+        if isinstance(tgt, ast.Subscript):
+            assert key is not None
+            store: ast.expr = ast.Subscript(value=copy.deepcopy(obj), slice=copy.deepcopy(key), ctx=ast.Store())
+        else:
+            store = ast.Attribute(value=copy.deepcopy(obj), attr=tgt.attr, ctx=ast.Store())
+        put = ast.Assign(targets=[located(ast.copy_location(store, tgt), tgt)], value=_name(cur.id, ast.Load, tgt))
+        self.emit(ast.copy_location(put, S), sc, prefix, field_, out)
+        self._del([t for _, t in pre], S, sc, prefix, field_, out)
+
+    def _pre(self, e: ast.expr, sc: _ScopeState, prefix: Path, field_: str, out: list[ast.stmt], put: Any, top: bool) -> list[str]:
+        """Hoist what ``e`` needs into statements before it; returns the temporaries made.
+        With ``top`` its last call stays in place."""
+        pre: list[tuple[ast.stmt, str]] = []
+        put(self.hoist(e, pre, sc, top))
+        for stmt, _ in pre:
+            self.emit(stmt, sc, prefix, field_, out)
+        return [t for _, t in pre]
+
+    def _test(self, S: ast.If | ast.Match, attr: str, sc: _ScopeState, prefix: Path, field_: str, out: list[ast.stmt]) -> None:
+        e = getattr(S, attr)
+        temps = self._pre(e, sc, prefix, field_, out, lambda v: setattr(S, attr, v), top=True)
+        if not temps:
+            return  # at most one call, left in the test: the statement is its site
+        e = getattr(S, attr)
+        t = sc.temp()
+        self.emit(ast.copy_location(ast.Assign(targets=[_name(t, ast.Store, e)], value=e), e), sc, prefix, field_, out)
+        self._del(temps, S, sc, prefix, field_, out)
+        setattr(S, attr, _name(t, ast.Load, e))
+
+    def _del(self, temps: list[str], at: ast.AST, sc: _ScopeState, prefix: Path, field_: str, out: list[ast.stmt]) -> None:
+        if temps:
+            d = ast.copy_location(ast.Delete(targets=[_name(t, ast.Del, at) for t in temps]), at)
+            self.emit(d, sc, prefix, field_, out)
+
+    def hoist(self, e: ast.expr, pre: list[tuple[ast.stmt, str]], sc: _ScopeState, keep: bool) -> ast.expr:
+        """Move the suspension points (calls, yields) of ``e`` into temporaries, in evaluation
+        order. With ``keep``, the last one stays where it is: the statement itself is then the
+        site, and a resume replaces just that call (what was evaluated before it in the
+        statement is in temporaries, or is a name or a constant)."""
+        if not hoistable(e):
+            return e
+        if isinstance(e, ast.YieldFrom):
+            # The delegate iterator lives on the value stack: keep it in a local instead, as
+            # the `for` iterators are (yield from calls iter() on anything but a generator).
+            value = self.hoist(e.value, pre, sc, False)
+            call = ast.Call(func=_name(ITER, ast.Load, value), args=[value], keywords=[])
+            _set_span(call, e.lineno, e.col_offset, 5)  # the "yield" keyword: a span no call has
+            _set_span(call.func, e.lineno, e.col_offset, 5)
+            e.value = self._temp_for(call, pre, sc)
+            return e if keep else self._temp_for(e, pre, sc)
+        slots = children(e)
+        values = [get(s) for s in slots]
+        flags = [hoistable(v) for v in values]
+        last = max((i for i, f in enumerate(flags) if f), default=-1)
+        inline_here = keep and suspends(e)  # e itself comes after all of its children
+        for i, v in enumerate(values):
+            if not isinstance(v, ast.expr):
+                continue
+            if flags[i]:
+                put(slots[i], self.hoist(v, pre, sc, keep and not inline_here and i == last))
+            elif i < last and not pure(v, isinstance(e, ast.Call) and i == 0):
+                if isinstance(v, ast.Starred):
+                    v.value = self._temp_for(v.value, pre, sc)
+                else:
+                    put(slots[i], self._temp_for(v, pre, sc))
+        if suspends(e) and not keep:
+            return self._temp_for(e, pre, sc)
+        return e
+
+    def _temp_for(self, e: ast.expr, pre: list[tuple[ast.stmt, str]], sc: _ScopeState) -> ast.Name:
+        t = sc.temp()
+        pre.append((ast.copy_location(ast.Assign(targets=[_name(t, ast.Store, e)], value=e), e), t))
+        return _name(t, ast.Load, e)
+
+    def _digest(self) -> str:
+        h = hashlib.sha256(f"sojourn-layout {TRANSFORM_VERSION}\n".encode())
+        for st in self.layout.stmts:
+            h.update(f"{st.scope}|{st.path}|{st.kind}\n".encode())
+        return h.hexdigest()
+
+
+def _needs_split(S: ast.AugAssign) -> bool:
+    """An augmented assignment to an item or attribute with a call in its value: the target is
+    read before the call, so it is read into a temporary first."""
+    if not isinstance(S.target, ast.Subscript | ast.Attribute) or not hoistable(S.value):
+        return False
+    return not (isinstance(S.target, ast.Subscript) and isinstance(S.target.slice, ast.Slice))
+
+
+def _future_or_docstring(S: ast.stmt, index: int) -> bool:
+    if isinstance(S, ast.ImportFrom) and S.module == "__future__":
+        return True
+    return index == 0 and is_docstring(S)
+
+
+def _defines(S: ast.stmt) -> tuple[str, tuple[str, ...]]:
+    if isinstance(S, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        return (type(S).__name__, (S.name,))
+    if isinstance(S, ast.Import | ast.ImportFrom):
+        return (type(S).__name__, tuple((a.asname or a.name).partition(".")[0] for a in S.names))
+    return (type(S).__name__, ())
+
+
+# -- checks -------------------------------------------------------------------------------------------
+
+
+def check_stmt(sid: int, at: ast.AST) -> ast.If:
+    call = ast.Call(func=ast.Name(id=PAUSE, ctx=ast.Load()), args=[ast.Constant(sid)], keywords=[])
+    node = ast.If(test=ast.Name(id=FLAG, ctx=ast.Load()), body=[ast.Expr(value=call)], orelse=[])
+    return located(ast.copy_location(node, at), at)  # type: ignore[no-any-return]
+
+
+def _stmt_lists(node: ast.AST) -> Iterator[tuple[Any, str]]:
+    for name in ("body", "orelse", "finalbody"):
+        value = getattr(node, name, None)
+        if isinstance(value, list) and value and isinstance(value[0], ast.stmt):
+            yield node, name
+    for h in getattr(node, "handlers", ()) or ():
+        yield h, "body"
+    for c in getattr(node, "cases", ()) or ():
+        yield c, "body"
+
+
+def instrument(node: ast.AST) -> ast.AST:
+    """Insert a pause check before every statement marked for one (in place)."""
+    for owner, name in list(_stmt_lists(node)):
+        out: list[ast.stmt] = []
+        for S in getattr(owner, name):
+            instrument(S)
+            if getattr(S, "_sj_check", False) and not getattr(S, "_sj_nocheck", False):
+                out.append(check_stmt(S._sj_sid, S))  # type: ignore[attr-defined]
+            out.append(S)
+        setattr(owner, name, out)
+    return node
+
+
+def normalise(source: str, module: str, filename: str) -> tuple[ast.Module, Layout, dict[str, ast.FunctionDef]]:
+    """The normalized tree (with ids, without checks), its layout, and its function nodes."""
+    try:
+        tree = ast.parse(source, filename)
+    except SyntaxError as e:
+        raise TransformError(f"{filename} is not valid Python {e.msg}", (e.filename, e.lineno, e.offset, e.text)) from e
+    norm = Normaliser(module, filename, source_hash(source))
+    tree = norm.module(tree)
+    return tree, norm.layout, norm.defs
