@@ -25,10 +25,11 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from sojourn.cli import capsule_cmds
+    from sojourn.cli import capsule_cmds, session_cmds
 
     cli.add_command(capsule_cmds.inspect_cmd)
     cli.add_command(capsule_cmds.verify_cmd)
+    session_cmds.register(cli)
 
 
 _register()

@@ -1,0 +1,350 @@
+"""The workspace record: what the event log folds into.
+
+The event log is the truth; every other workspace object (the summary, ``ps``'s rows) is a
+cache of this fold. An event is a small JSON object with a sequence number, a time, the
+epoch of the writer and a type. The fold applies events in sequence order and ignores the
+events of a stale writer: one whose epoch is below an ``authority`` event already applied.
+A takeover is therefore linearised at the position of its ``authority`` event in the log:
+what the old holder appended before it counts, what it appends after it does not.
+
+Nothing here does I/O: the store (``store.py``) reads and writes the objects.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+STATES = ("running", "suspended", "finished", "failed")
+STOP_REASONS = ("finished", "suspended", "moved", "preempted", "oom", "hard-stop", "failed")
+RECORD_FORMAT = 1
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(6)}"
+
+
+def now() -> float:
+    return round(time.time(), 3)
+
+
+@dataclass
+class Command:
+    """What the workspace runs: the script as given, its arguments, where and with what."""
+
+    script: str
+    argv: list[str]
+    cwd: str
+    python: str
+
+
+@dataclass
+class CapsuleEntry:
+    """A capsule a session of this workspace wrote, and whether it passed its write check."""
+
+    id: str
+    parent: str | None
+    reason: str
+    where: str
+    size: int
+    time: float
+    allocation: str
+    verified: bool
+    error: str | None = None
+
+
+@dataclass
+class Allocation:
+    """One lease of one machine: here, one supervised process tree on one host."""
+
+    id: str
+    provider: str
+    machine: str
+    host: str
+    boot_id: str
+    pid: int | None  # the supervisor (the `sojourn run`/`resume` process)
+    pid_start: int | None
+    python: str
+    memory_limit: int | None
+    started: float
+    epoch: int
+    capsule_in: str | None = None  # the capsule it resumed from
+    session_pid: int | None = None
+    session_pid_start: int | None = None
+    python_version: str | None = None
+    ended: float | None = None
+    stop_reason: str | None = None
+    detail: str = ""
+    exit_code: int | None = None
+    capsule_out: str | None = None
+    max_rss: int | None = None  # bytes
+    price_per_hour: float = 0.0
+    spend: float = 0.0
+
+    @property
+    def open(self) -> bool:
+        return self.ended is None
+
+
+@dataclass
+class NextAction:
+    action: str  # "wait", "resume", "none", "run-again"
+    capsule: str | None
+    hint: str
+
+
+@dataclass
+class WorkspaceRecord:
+    id: str
+    name: str
+    created: float
+    command: Command
+    state: str = "running"
+    epoch: int = 0
+    holder: str | None = None
+    updated: float = 0.0
+    stop_reason: str | None = None
+    detail: str = ""
+    exit_code: int | None = None
+    last_capsule: CapsuleEntry | None = None
+    capsules: list[CapsuleEntry] = field(default_factory=list)
+    allocations: list[Allocation] = field(default_factory=list)
+    requirements: dict[str, Any] = field(default_factory=dict)
+    pending: dict[str, Any] | None = None  # the pause request being served, if any
+    taker: dict[str, Any] | None = None  # host and process that took the current epoch
+    refusals: int = 0
+    upto: int = 0  # sequence number of the last event folded in
+
+    @property
+    def current(self) -> Allocation | None:
+        """The allocation that holds the workspace now (open, of the current epoch)."""
+        for a in reversed(self.allocations):
+            if a.id == self.holder and a.open:
+                return a
+        return None
+
+    @property
+    def last_allocation(self) -> Allocation | None:
+        return self.allocations[-1] if self.allocations else None
+
+    def allocation(self, al: str) -> Allocation | None:
+        for a in self.allocations:
+            if a.id == al:
+                return a
+        return None
+
+    @property
+    def next_action(self) -> NextAction:
+        cap = self.last_capsule.id if self.last_capsule else None
+        if self.state == "running":
+            return NextAction("wait", None, f"running; `sojourn suspend {self.id}` pauses it")
+        if self.state == "suspended":
+            more = " with more memory (without --memory, or a bigger --memory)" if self.stop_reason == "oom" else ""
+            return NextAction("resume", cap, f"`sojourn resume {self.id}`{more} carries on from {cap}")
+        if self.state == "finished":
+            return NextAction("none", None, "finished")
+        if cap:
+            return NextAction("resume", cap, f"`sojourn resume {self.id}` carries on from the last good capsule {cap}")
+        return NextAction("run-again", None, "no capsule to resume from: run the script again")
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["next_action"] = asdict(self.next_action)
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> WorkspaceRecord:
+        d = dict(d)
+        d.pop("next_action", None)
+        d["command"] = Command(**d["command"])
+        d["capsules"] = [CapsuleEntry(**c) for c in d.get("capsules", [])]
+        d["last_capsule"] = CapsuleEntry(**d["last_capsule"]) if d.get("last_capsule") else None
+        d["allocations"] = [Allocation(**a) for a in d.get("allocations", [])]
+        return cls(**d)
+
+
+def state_after_stop(reason: str, capsule: str | None, ran: bool = True) -> str:
+    """The one policy from how an allocation stopped to the workspace's state.
+
+    A stop that left a capsule behind is resumable (suspended); a resume that failed before
+    the program ran leaves the workspace on the capsule it started from.
+    """
+    if reason not in STOP_REASONS:
+        raise ValueError(f"unknown stop reason {reason!r}")
+    if reason == "finished":
+        return "finished"
+    if not ran and capsule:
+        return "suspended"
+    if reason == "failed":
+        return "failed"
+    return "suspended" if capsule else "failed"
+
+
+# -- the fold ------------------------------------------------------------------------------
+
+
+def initial(meta: dict[str, Any]) -> WorkspaceRecord:
+    """The record of a workspace before any event (from its immutable ``meta`` object)."""
+    return WorkspaceRecord(
+        id=meta["id"],
+        name=meta["name"],
+        created=float(meta["created"]),
+        command=Command(**meta["command"]),
+        updated=float(meta["created"]),
+        taker=meta.get("creator"),
+    )
+
+
+def is_stale(rec: WorkspaceRecord, event: dict[str, Any]) -> bool:
+    return int(event.get("epoch", 0)) < rec.epoch
+
+
+def apply(rec: WorkspaceRecord, event: dict[str, Any]) -> bool:
+    """Fold one event into ``rec`` (in place). Returns False for a stale writer's event,
+    which changes nothing."""
+    seq = int(event["seq"])
+    if seq != rec.upto + 1:
+        raise ValueError(f"event {seq} of {rec.id} folded out of order (after {rec.upto})")
+    rec.upto = seq
+    if is_stale(rec, event):
+        return False
+    rec.updated = max(rec.updated, float(event.get("t", 0.0)))
+    handler = _HANDLERS.get(str(event.get("type")))
+    if handler is not None:
+        handler(rec, event)
+    return True
+
+
+def _authority(rec: WorkspaceRecord, ev: dict[str, Any]) -> None:
+    rec.epoch = int(ev["epoch"])
+    rec.holder = ev.get("holder")
+    rec.pending = None
+    rec.taker = {k: ev.get(k) for k in ("host", "boot_id", "pid", "pid_start")}
+    if str(rec.holder).startswith("al_"):
+        # Taken to run: from this event on, no one else may resume it, even before the
+        # allocation event that follows is written.
+        rec.state = "running"
+        rec.stop_reason = None
+        rec.detail = ""
+
+
+def _allocation(rec: WorkspaceRecord, ev: dict[str, Any]) -> None:
+    rec.allocations.append(Allocation(**ev["allocation"]))
+    rec.state = "running"
+    rec.stop_reason = None
+    rec.detail = ""
+    rec.exit_code = None
+
+
+def _started(rec: WorkspaceRecord, ev: dict[str, Any]) -> None:
+    a = rec.allocation(ev["allocation"])
+    if a is None:
+        return
+    a.session_pid = ev.get("session_pid")
+    a.session_pid_start = ev.get("session_pid_start")
+    a.python_version = ev.get("python_version")
+    for key in ("python", "arch", "platform"):
+        if ev.get(key):
+            rec.requirements[key] = ev[key]
+
+
+def _request(rec: WorkspaceRecord, ev: dict[str, Any]) -> None:
+    rec.pending = {"n": ev.get("n"), "kind": ev.get("kind"), "since": ev.get("t"), "by": ev.get("requested_by")}
+
+
+def _waiting(rec: WorkspaceRecord, ev: dict[str, Any]) -> None:
+    if rec.pending is not None:
+        rec.pending["waiting_for"] = ev.get("why")
+
+
+def _refused(rec: WorkspaceRecord, ev: dict[str, Any]) -> None:
+    rec.pending = None
+    rec.refusals += 1
+
+
+def _capsule(rec: WorkspaceRecord, ev: dict[str, Any]) -> None:
+    entry = CapsuleEntry(**ev["capsule"])
+    rec.capsules.append(entry)
+    if entry.verified:
+        rec.last_capsule = entry
+        if ev.get("distributions"):
+            rec.requirements["packages"] = ev["distributions"]
+        if ev.get("arch"):
+            rec.requirements["arch"] = ev["arch"]
+    a = rec.allocation(entry.allocation)
+    if a is not None and entry.verified:
+        a.capsule_out = entry.id
+
+
+def _stopped(rec: WorkspaceRecord, ev: dict[str, Any]) -> None:
+    a = rec.allocation(ev["allocation"])
+    if a is not None and a.open:
+        a.ended = float(ev["t"])
+        a.stop_reason = ev["reason"]
+        a.detail = ev.get("detail", "")
+        a.exit_code = ev.get("exit_code")
+        a.max_rss = ev.get("max_rss")
+        a.spend = float(ev.get("spend", 0.0))
+        if a.max_rss:
+            rec.requirements["memory_high_water"] = max(int(rec.requirements.get("memory_high_water", 0)), a.max_rss)
+    if rec.current is None:
+        rec.state = ev["state"]
+        rec.stop_reason = ev["reason"]
+        rec.detail = ev.get("detail", "")
+        rec.exit_code = ev.get("exit_code")
+        rec.pending = None
+
+
+_HANDLERS = {
+    "authority": _authority,
+    "allocation": _allocation,
+    "started": _started,
+    "request": _request,
+    "waiting": _waiting,
+    "refused": _refused,
+    "capsule": _capsule,
+    "stopped": _stopped,
+}
+
+
+def fold(meta: dict[str, Any], events: list[dict[str, Any]], base: WorkspaceRecord | None = None) -> WorkspaceRecord:
+    rec = base if base is not None else initial(meta)
+    for ev in events:
+        apply(rec, ev)
+    return rec
+
+
+def describe_event(ev: dict[str, Any]) -> str:
+    """One line for people (``sojourn show``)."""
+    t = ev.get("type")
+    if t == "created":
+        c = ev.get("command", {})
+        return f"created {ev.get('name')}: {c.get('script')} {' '.join(c.get('argv', []))}".rstrip()
+    if t == "authority":
+        return f"epoch {ev.get('epoch')} held by {ev.get('holder')} ({ev.get('reason', '')})"
+    if t == "allocation":
+        a = ev.get("allocation", {})
+        src = f" from {a.get('capsule_in')}" if a.get("capsule_in") else ""
+        return f"allocation {a.get('id')} on {a.get('provider')}:{a.get('machine')}{src}"
+    if t == "started":
+        return f"session pid {ev.get('session_pid')} on Python {ev.get('python_version')}"
+    if t == "request":
+        return f"{ev.get('kind')} requested by {ev.get('requested_by')}"
+    if t == "waiting":
+        return f"pause waiting ({ev.get('seconds', 0):.0f} s): {ev.get('why')}"
+    if t == "refused":
+        problems = ev.get("problems") or []
+        extra = f" ({len(problems)} object(s))" if problems else ""
+        return f"pause refused{extra}: {str(ev.get('message', '')).splitlines()[0] if ev.get('message') else ''}"
+    if t == "capsule":
+        c = ev.get("capsule", {})
+        ok = "verified" if c.get("verified") else f"NOT verified: {c.get('error')}"
+        return f"capsule {c.get('id')} ({c.get('reason')}) at {c.get('where')}, {ok}"
+    if t == "stopped":
+        detail = f": {ev['detail']}" if ev.get("detail") else ""
+        return f"{ev.get('allocation')} stopped ({ev.get('reason')}{detail}) -> {ev.get('state')}"
+    if t == "note":
+        return str(ev.get("message", ""))
+    return str(t)

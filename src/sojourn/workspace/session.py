@@ -1,0 +1,296 @@
+"""The session process: ``python -m sojourn.workspace.session [options] run SCRIPT ARGS... |
+resume CAPSULE``.
+
+It runs the engine (``run_script`` / ``resume``) in this process, under the interpreter the
+workspace asked for, and talks to its supervisor over two pipes of JSON lines:
+
+* status (session → supervisor): ``started``, ``capsule`` (a pause wrote one), ``refusal``
+  (a pause was refused, with the objects' paths), ``status`` (what a pending pause waits
+  for), ``exit`` (how the program ended: code, whether it ran, whether it ran out of memory);
+* control (supervisor → session): ``pause`` (reason, deadline, what to do at the deadline)
+  and ``status``.
+
+Signals keep working as the engine sets them (SIGTERM and SIGUSR1 pause). When the
+supervisor dies (the control pipe ends), the session sends its output to a spill file and
+pauses itself; it then records its capsule in the workspace on its own, so a killed
+``sojourn run`` leaves a suspended workspace, not a lost one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import os
+import platform
+import resource
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+LABEL = "sojourn.workspace"
+OOM_TYPES = ("MemoryError", "OutOfMemoryError")
+
+
+def is_oom(e: BaseException) -> bool:
+    return any(t.__name__ in OOM_TYPES for t in type(e).__mro__)
+
+
+def set_memory_limit(limit: int) -> None:
+    # RLIMIT_DATA counts what a program actually maps for data (heap, anonymous mmaps such as
+    # numpy's and torch's buffers) but not the address space that thread stacks' guard areas,
+    # malloc arenas and BLAS libraries reserve without using: RLIMIT_AS would count those and
+    # fail a 300 MiB limit before the program allocated anything.
+    _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
+
+
+def lift_memory_limit() -> None:
+    """Room to write the capsule after an out-of-memory error (the hard limit stays)."""
+    _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    try:
+        resource.setrlimit(resource.RLIMIT_DATA, (hard, hard))
+    except (ValueError, OSError):
+        pass
+
+
+class Channel:
+    def __init__(self, ns: argparse.Namespace):
+        self.ns = ns
+        self.status_fd: int | None = ns.status_fd
+        self.control_fd: int | None = ns.control_fd
+        self.output_fds = [int(x) for x in ns.output_fds.split(",")] if ns.output_fds else []
+        self.lock = threading.Lock()
+        self.orphan = False
+        self.spill: str | None = None
+        for fd in (self.status_fd, self.control_fd, *self.output_fds):
+            if fd is not None:
+                os.set_inheritable(fd, False)  # not into the program's own subprocesses
+
+    # -- to the supervisor ------------------------------------------------------------------
+
+    def send(self, msg: dict[str, Any]) -> bool:
+        if self.status_fd is None:
+            return False
+        data = (json.dumps(msg, default=str) + "\n").encode()
+        with self.lock:
+            try:
+                while data:
+                    n = os.write(self.status_fd, data)
+                    data = data[n:]
+                return True
+            except OSError:
+                self.status_fd = None
+                return False
+
+    def on_capsule(self, event: Any) -> None:
+        msg = {"event": "capsule", "capsule": event.capsule, "parent": event.parent, "reason": event.reason,
+               "where": event.where, "size": event.size, "action": event.action,
+               "seconds_to_pause": event.seconds_to_pause, "seconds_capture": event.seconds_capture,
+               "max_rss": _max_rss()}
+        if not self.send(msg) and event.action == "exit":
+            self._record_alone(msg)
+
+    def on_refusal(self, refusal: Any) -> None:
+        self.send({"event": "refusal", "reason": refusal.reason, "message": refusal.message,
+                   "problems": [{"path": p.path, "type": p.type, "reason": p.reason} for p in refusal.problems]})
+
+    # -- from the supervisor ----------------------------------------------------------------
+
+    def start(self) -> None:
+        if self.control_fd is not None:
+            threading.Thread(target=self._control_loop, name="sojourn-control", daemon=True).start()
+
+    def _control_loop(self) -> None:
+        assert self.control_fd is not None
+        buf = b""
+        while True:
+            try:
+                data = os.read(self.control_fd, 4096)
+            except OSError:
+                data = b""
+            if not data:
+                self._supervisor_lost()
+                return
+            buf += data
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                try:
+                    self._handle(json.loads(line))
+                except Exception as e:  # a bad message must not kill the program
+                    self.send({"event": "error", "message": f"control message failed: {e!r}"})
+
+    def _handle(self, msg: dict[str, Any]) -> None:
+        from sojourn.execution import pause
+
+        op = msg.get("op")
+        if op == "pause":
+            self._request(str(msg.get("reason", "request")), msg.get("deadline"),
+                          str(msg.get("action", "exit")), str(msg.get("on_timeout", "continue")))
+        elif op == "status":
+            try:
+                st = pause.pause_status()
+            except RuntimeError:
+                st = {"pending": False, "starting": True}
+            self.send({"event": "status", **st})
+
+    def _request(self, reason: str, deadline: float | None, action: str, on_timeout: str) -> None:
+        from sojourn.execution import pause
+
+        for _ in range(6000):  # the controller starts once the program's code is compiled/restored
+            try:
+                pause.request_pause(reason, deadline, action, on_timeout)
+                return
+            except RuntimeError:
+                time.sleep(0.05)
+
+    def _supervisor_lost(self) -> None:
+        """Nobody reads our output or records our state any more: keep the output in a spill
+        file and pause, so the workspace ends suspended rather than lost."""
+        self.orphan = True
+        try:
+            from sojourn.repository.repo import sojourn_home
+
+            spill_dir = sojourn_home() / "spill"
+            spill_dir.mkdir(parents=True, exist_ok=True)
+            self.spill = str(spill_dir / f"{self.ns.workspace}.{self.ns.allocation}")
+            for target, suffix in ((1, ".out"), (2, ".err")):
+                fd = os.open(self.spill + suffix, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                os.dup2(fd, target)  # from here on the program writes to the spill file
+                os.close(fd)
+            # What it wrote before and nobody read is still in the pipes (we hold their read
+            # ends): it goes first.
+            for r, suffix in zip(self.output_fds, (".out", ".err"), strict=False):
+                os.set_blocking(r, False)
+                with open(self.spill + suffix + ".0", "ab") as f:
+                    while True:
+                        try:
+                            chunk = os.read(r, 1 << 16)
+                        except BlockingIOError:
+                            break
+                        if not chunk:
+                            break
+                        f.write(chunk)
+        except OSError:
+            pass
+        self._request("supervisor lost", None, "exit", "continue")
+
+    def _record_alone(self, msg: dict[str, Any]) -> None:
+        """Record a capsule in the workspace without the supervisor (it is gone)."""
+        if not self.ns.workspace:
+            return
+        try:
+            from sojourn.workspace.orphan import record_orphan_pause
+
+            record_orphan_pause(self.ns.repo, self.ns.workspace, self.ns.allocation, int(self.ns.epoch),
+                                msg, self.spill)
+        except Exception as e:
+            print(f"sojourn: could not record the capsule in workspace {self.ns.workspace}: {e}", file=sys.stderr)
+
+
+def _max_rss() -> int:
+    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(kib if sys.platform == "darwin" else kib * 1024)
+
+
+def _print_exception(e: BaseException) -> None:
+    # Frames of sojourn itself (this module, the runner, exec) are noise in the user's traceback.
+    tb = e.__traceback__
+    while tb is not None and "/sojourn/" in tb.tb_frame.f_code.co_filename.replace("\\", "/"):
+        tb = tb.tb_next
+    traceback.print_exception(type(e), e, tb)
+
+
+def _program_ran() -> bool:
+    try:
+        from sojourn.execution import pause
+
+        return bool(pause.controller().enabled)
+    except RuntimeError:
+        return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sojourn.workspace.session")
+    parser.add_argument("--repo", required=True)
+    parser.add_argument("--workspace", default="")
+    parser.add_argument("--allocation", default="")
+    parser.add_argument("--epoch", type=int, default=0)
+    parser.add_argument("--status-fd", type=int, default=None)
+    parser.add_argument("--control-fd", type=int, default=None)
+    parser.add_argument("--output-fds", default="", help="read ends of this process's stdout,stderr pipes")
+    parser.add_argument("--memory", type=int, default=None, help="memory limit in bytes")
+    parser.add_argument("--scan-interval", type=float, default=600.0)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p_run = sub.add_parser("run")
+    p_run.add_argument("script")
+    p_run.add_argument("args", nargs=argparse.REMAINDER)
+    p_resume = sub.add_parser("resume")
+    p_resume.add_argument("capsule")
+    ns = parser.parse_args(argv)
+
+    ch = Channel(ns)
+    from sojourn.workspace.liveness import process_start
+
+    if ns.memory:
+        set_memory_limit(ns.memory)
+    ch.send({"event": "started", "pid": os.getpid(), "pid_start": process_start(os.getpid()),
+             "python_version": platform.python_version(), "executable": sys.executable,
+             "arch": platform.machine(), "platform": sys.platform})
+    ch.start()
+
+    from sojourn.execution import runner
+
+    opts: dict[str, Any] = {"repo": ns.repo, "on_capsule": ch.on_capsule, "on_refusal": ch.on_refusal,
+                            "scan_interval": ns.scan_interval or None,
+                            "labels": {LABEL: {"workspace": ns.workspace, "allocation": ns.allocation,
+                                               "epoch": ns.epoch}}}
+    entry = runner.run_script if ns.cmd == "run" else runner.resume
+    if "on_oom" in inspect.signature(entry).parameters:
+        # The engine captures an out-of-memory error as a capsule: give that capture room.
+        opts["on_oom"] = lambda e: lift_memory_limit()
+    try:
+        if ns.cmd == "run":
+            code = runner.run_script(ns.script, ns.args, **opts)
+        else:
+            code = runner.resume(ns.capsule, **opts)
+    except SystemExit as e:
+        code = _exit_code(e)
+    except runner.ResumeError as e:
+        print(f"sojourn: error: {e}", file=sys.stderr)
+        code = 2
+        ch.send({"event": "exit", "code": code, "ran": False, "error": "ResumeError", "message": str(e)})
+        return code
+    except BaseException as e:
+        oom = is_oom(e)
+        if oom:
+            lift_memory_limit()
+        ran = _program_ran()
+        _print_exception(e)
+        code = 130 if isinstance(e, KeyboardInterrupt) else 1
+        ch.send({"event": "exit", "code": code, "ran": ran, "error": type(e).__name__, "oom": oom,
+                 "message": str(e)[:2000]})
+        return code
+    ch.send({"event": "exit", "code": code, "ran": True})
+    return code
+
+
+def _exit_code(e: SystemExit) -> int:
+    if e.code is None:
+        return 0
+    if isinstance(e.code, int):
+        return e.code
+    print(e.code, file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    rc = main()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    sys.exit(rc)

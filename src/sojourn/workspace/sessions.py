@@ -1,0 +1,314 @@
+"""The workspace verbs: run, resume, suspend, list, show, logs.
+
+Each verb reads the record from the repository, checks what the state allows, takes the
+authority when it is going to run something (``authority.take``), and records what happened
+as events. ``ops`` wraps these for the front ends.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sojourn.workspace import records as R
+from sojourn.workspace.authority import reap, take
+from sojourn.workspace.errors import WorkspaceError
+from sojourn.workspace.liveness import boot_id, gone, hostname, me, on_this_host, process_start
+from sojourn.workspace.logs import LogRecord, allocation_records, read_log
+from sojourn.workspace.store import WorkspaceStore
+from sojourn.workspace.supervisor import Outcome, SessionSpec, Supervisor
+
+StartCallback = Callable[["SessionStart"], None]
+ProgressCallback = Callable[[str, dict[str, Any]], None]
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str | int | None) -> int | None:
+    """``"512MiB"``, ``"2G"``, ``"1.5GB"`` or a byte count; K/M/G/T are powers of 1024."""
+    if text is None or isinstance(text, int):
+        return text
+    m = _SIZE.match(str(text))
+    if not m:
+        raise WorkspaceError(f"cannot read the size {text!r}: write e.g. 512MiB, 2G or 1073741824")
+    power = " kmgt".index(m.group(2).lower() or " ")
+    return int(float(m.group(1)) * (1024**power))
+
+
+@dataclass
+class SessionStart:
+    workspace: str
+    name: str
+    allocation: str
+    epoch: int
+    capsule: str | None  # resumed from
+
+
+@dataclass
+class SessionResult:
+    workspace: str
+    name: str
+    allocation: str
+    state: str
+    reason: str
+    exit_code: int
+    detail: str
+    capsule: R.CapsuleEntry | None
+    next_action: R.NextAction
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class SuspendResult:
+    workspace: str
+    allocation: str
+    capsule: R.CapsuleEntry
+    reason: str
+    seconds: float
+    waited: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class WorkspaceRow:
+    """One line of ``sojourn ps``."""
+
+    id: str
+    name: str
+    state: str
+    where: str
+    last_capsule: str | None
+    size: int
+    updated: float
+    stop_reason: str | None
+    allocations: int
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class PauseRefused(WorkspaceError):
+    """The session refused the pause (state that cannot travel); it keeps running."""
+
+    def __init__(self, message: str, problems: list[dict[str, Any]]):
+        super().__init__(message)
+        self.problems = problems
+
+
+def _interpreter(python: str | None) -> str:
+    if python is None:
+        return sys.executable
+    found = shutil.which(python) if os.sep not in python else (python if os.access(python, os.X_OK) else None)
+    if not found:
+        raise WorkspaceError(f"no Python interpreter {python!r}: give a path or a command on PATH")
+    return os.path.abspath(found)
+
+
+def _allocation(al: str, epoch: int, python: str, memory: int | None, capsule_in: str | None) -> R.Allocation:
+    host = hostname()
+    return R.Allocation(id=al, provider="local", machine=host, host=host, boot_id=boot_id(), pid=os.getpid(),
+                        pid_start=process_start(os.getpid()), python=python, memory_limit=memory,
+                        started=R.now(), epoch=epoch, capsule_in=capsule_in)
+
+
+def _result(store: WorkspaceStore, start: SessionStart, out: Outcome) -> SessionResult:
+    rec = store.record(start.workspace, save=False)
+    return SessionResult(start.workspace, start.name, start.allocation, out.state, out.reason, out.exit_code,
+                         out.detail, out.capsule, rec.next_action)
+
+
+def run(store: WorkspaceStore, script: str, argv: list[str], *, name: str | None = None, python: str | None = None,
+        cwd: str | None = None, memory: int | None = None, on_output: Any = None,
+        on_start: StartCallback | None = None, scan_interval: float = 600.0) -> SessionResult:
+    """Create a workspace and run ``script`` in it, in the foreground, until it ends or pauses."""
+    if store.repo.url.startswith("memory://"):
+        raise WorkspaceError("a memory:// repository lives inside one process, and a session runs in its own: "
+                             "use a directory or s3://bucket/prefix")
+    workdir = os.path.abspath(cwd or os.getcwd())
+    if not (Path(workdir) / script).is_file():
+        raise WorkspaceError(f"no script {script!r} in {workdir}")
+    interp = _interpreter(python)
+    command = R.Command(script=script, argv=list(argv), cwd=workdir, python=interp)
+    meta = store.create(command, name, default_name=Path(script).stem, creator=me())
+    ws, al = meta["id"], R.new_id("al")
+    rec = R.initial(meta)
+    store.append(ws, 0, al, {"type": "created", "name": meta["name"], "command": meta["command"]})
+    epoch = take(store, rec, al, "run")
+    store.append(ws, epoch, al, {"type": "allocation", "allocation": asdict(_allocation(al, epoch, interp, memory, None))})
+    store.record(ws)
+    start = SessionStart(ws, meta["name"], al, epoch, None)
+    if on_start is not None:
+        on_start(start)
+    spec = SessionSpec(ws, al, epoch, interp, workdir, script=script, argv=list(argv), memory=memory,
+                       scan_interval=scan_interval)
+    return _result(store, start, Supervisor(store, spec, on_output=on_output).run())
+
+
+def resume(store: WorkspaceStore, ref: str, *, python: str | None = None, cwd: str | None = None,
+           memory: int | None = None, on_output: Any = None, on_start: StartCallback | None = None,
+           scan_interval: float = 600.0) -> SessionResult:
+    """Carry a suspended (or failed) workspace on from its last good capsule, in a new
+    process in the foreground."""
+    ws = store.resolve(ref)
+    rec = reap(store, store.record(ws), by="sojourn resume")
+    _check_resumable(rec)
+    al = R.new_id("al")
+    epoch = take(store, rec, al, "resume")
+    # The capsule as of our authority event is the one to carry on from (winning the swap
+    # means nothing else changed the workspace since the record we checked).
+    rec = store.record(ws)
+    assert rec.holder == al and rec.last_capsule is not None, "the record changed under a won epoch"
+    cap = rec.last_capsule.id
+    interp = _interpreter(python) if python else _default_python(rec)
+    workdir = os.path.abspath(cwd) if cwd else (rec.command.cwd if os.path.isdir(rec.command.cwd) else os.getcwd())
+    store.append(ws, epoch, al, {"type": "allocation", "allocation": asdict(_allocation(al, epoch, interp, memory, cap))})
+    store.record(ws)
+    start = SessionStart(ws, rec.name, al, epoch, cap)
+    if on_start is not None:
+        on_start(start)
+    spec = SessionSpec(ws, al, epoch, interp, workdir, capsule=cap, memory=memory, scan_interval=scan_interval)
+    return _result(store, start, Supervisor(store, spec, on_output=on_output).run())
+
+
+def _default_python(rec: R.WorkspaceRecord) -> str:
+    """The interpreter the workspace last ran with, if this host has it."""
+    for cand in ([a.python for a in reversed(rec.allocations)] + [rec.command.python]):
+        if cand and os.access(cand, os.X_OK):
+            return cand
+    return sys.executable
+
+
+def _check_resumable(rec: R.WorkspaceRecord) -> None:
+    if rec.state == "running":
+        a = rec.current
+        where = f" on {a.host} (pid {a.pid})" if a else ""
+        raise WorkspaceError(f"workspace {rec.id} is running{where}; `sojourn suspend {rec.id}` pauses it first")
+    if rec.state == "finished":
+        raise WorkspaceError(f"workspace {rec.id} has finished; there is nothing to resume")
+    if rec.last_capsule is None:
+        raise WorkspaceError(f"workspace {rec.id} has no capsule that passed its write check ({rec.state}: "
+                             f"{rec.detail or rec.stop_reason}); run the script again")
+
+
+def suspend(store: WorkspaceStore, ref: str, *, deadline: float | None = 600.0, wait: float | None = None,
+            on_progress: ProgressCallback | None = None) -> SuspendResult:
+    """Ask the running session to pause; return once its capsule is written and checked and
+    its process has exited. ``deadline``: seconds the session may take to reach a statement
+    where it can pause (then the pause is given up and it keeps running); ``wait``: seconds
+    this call waits (None: until the session answers)."""
+    ws = store.resolve(ref)
+    rec = reap(store, store.record(ws), by="sojourn suspend")
+    if rec.state != "running" or rec.current is None:
+        cap = rec.last_capsule.id if rec.last_capsule else "none"
+        raise WorkspaceError(f"workspace {ws} is not running ({rec.state}; last capsule {cap})")
+    a = rec.current
+    t0 = time.monotonic()
+    n = store.request(ws, rec.epoch, "suspend", deadline=deadline)
+    cursor = rec.upto
+    ours = False
+    waited: list[str] = []
+    capsule: R.CapsuleEntry | None = None
+    interval = 0.5 if type(store.backend).__name__ == "S3Backend" else 0.05
+    last_live_check = time.monotonic()
+    while True:
+        for ev in store.events(ws, cursor + 1):
+            cursor = int(ev["seq"])
+            if int(ev.get("epoch", 0)) < rec.epoch:
+                continue
+            kind = ev.get("type")
+            if kind == "request" and ev.get("n") == n:
+                ours = True
+                if on_progress:
+                    on_progress("requested", ev)
+            elif kind == "waiting" and ours:
+                waited.append(str(ev.get("why")))
+                if on_progress:
+                    on_progress("waiting", ev)
+            elif kind == "refused" and ours:
+                raise PauseRefused(str(ev.get("message", "the pause was refused")), list(ev.get("problems") or []))
+            elif kind == "capsule":
+                capsule = R.CapsuleEntry(**ev["capsule"])
+            elif kind == "stopped" and ev.get("allocation") == a.id:
+                if capsule is not None and capsule.verified and ev.get("state") == "suspended":
+                    return SuspendResult(ws, a.id, capsule, str(ev.get("reason")), time.monotonic() - t0, waited)
+                raise WorkspaceError(f"workspace {ws} stopped without a good capsule ({ev.get('reason')}: "
+                                     f"{ev.get('detail')}); state {ev.get('state')}")
+            elif kind == "authority" and int(ev.get("epoch", 0)) > rec.epoch:
+                raise WorkspaceError(f"workspace {ws} was taken by {ev.get('holder')} while the pause was pending")
+        if wait is not None and time.monotonic() - t0 > wait:
+            raise WorkspaceError(f"no answer from workspace {ws} within {wait:g} s; the pause request stays "
+                                 "pending, `sojourn show` tells what it waits for")
+        if time.monotonic() - last_live_check > 1.0:
+            last_live_check = time.monotonic()
+            if on_this_host(a) and gone(a):
+                after = reap(store, store.record(ws), by="sojourn suspend")
+                raise WorkspaceError(f"the session of {ws} died before it could pause; state {after.state}, "
+                                     f"{after.next_action.hint}")
+        time.sleep(interval)
+
+
+def rows(store: WorkspaceStore) -> list[WorkspaceRow]:
+    """``sojourn ps``: every workspace, newest first, with dead holders on this host reaped."""
+    out = []
+    for rec in store.records():
+        rec = reap(store, rec, by="sojourn ps")
+        out.append(row(rec))
+    out.sort(key=lambda r: r.updated, reverse=True)
+    return out
+
+
+def row(rec: R.WorkspaceRecord) -> WorkspaceRow:
+    a = rec.current if rec.state == "running" else rec.last_allocation
+    if a is None:
+        where = "-"
+    elif rec.state == "running":
+        where = f"{a.provider}:{a.machine} pid {a.session_pid or a.pid}"
+    else:
+        where = f"{a.provider}:{a.machine}"
+    cap = rec.last_capsule
+    return WorkspaceRow(rec.id, rec.name, rec.state, where, cap.id if cap else None, cap.size if cap else 0,
+                        rec.updated, rec.stop_reason, len(rec.allocations))
+
+
+def show(store: WorkspaceStore, ref: str) -> tuple[R.WorkspaceRecord, list[dict[str, Any]]]:
+    ws = store.resolve(ref)
+    rec = reap(store, store.record(ws), by="sojourn show")
+    events = store.events(ws)
+    epoch = 0
+    for ev in events:  # mark what the fold ignored
+        ev["stale"] = int(ev.get("epoch", 0)) < epoch
+        if ev.get("type") == "authority" and not ev["stale"]:
+            epoch = int(ev.get("epoch", 0))
+    return rec, events
+
+
+def logs(store: WorkspaceStore, ref: str) -> tuple[R.WorkspaceRecord, list[LogRecord]]:
+    ws = store.resolve(ref)
+    rec = store.record(ws)
+    return rec, read_log(store.backend, rec)
+
+
+def follow(store: WorkspaceStore, ref: str, interval: float = 0.5) -> Iterator[LogRecord]:
+    """The log as it grows, until the workspace is no longer running."""
+    ws = store.resolve(ref)
+    seen: dict[str, int] = {}
+    while True:
+        rec = reap(store, store.record(ws), by="sojourn logs")
+        for a in rec.allocations:
+            for seq, r in allocation_records(store.backend, ws, a.id, seen.get(a.id, 0)):
+                seen[a.id] = seq
+                yield r
+        if rec.state != "running":
+            return
+        time.sleep(interval)

@@ -1,0 +1,317 @@
+"""Workspace objects in the repository: the only place a workspace's state lives.
+
+Objects (kind ``workspaces`` unless noted; every name starts with its type, so a listing by
+prefix returns one type only, which S3 answers server-side):
+
+==================================  ===========================================================
+``meta.<ws>``                       immutable: id, name, creation time, command (exclusive)
+``name.<name>``                     the name's owner, claimed by exclusive create
+``event.<ws>.<seq:08d>``            the append-only event log; created exclusively, so two
+                                    writers never share a number and the log has no holes
+``summary.<ws>``                    a cache: the fold of events 1..upto (overwritten freely)
+``request.<ws>.<epoch>.<n:04d>``    a pause request for the holder of ``epoch``
+``log.<ws>.<al>.<seq:06d>``         the program's output, in pieces, per allocation (logs.py)
+locks/``epoch.<ws>.<n:06d>``        authority: created exclusively, so one writer wins epoch n
+==================================  ===========================================================
+
+The summary is never trusted blindly: a reader checks that the event after ``upto`` does not
+exist (one ``stat``), and folds the newer events in when it does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from sojourn.errors import AlreadyExists, ObjectNotFound, RepositoryError
+from sojourn.repository.repo import Repository
+from sojourn.workspace import records as R
+from sojourn.workspace.errors import AuthorityLost, WorkspaceError, WorkspaceNotFound
+
+KIND = "workspaces"
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+def _dump(doc: dict[str, Any]) -> bytes:
+    return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
+
+
+def _load(raw: bytes, what: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(raw)
+    except ValueError as e:
+        raise WorkspaceError(f"{what} is not valid JSON ({e}); the repository is damaged") from e
+    if not isinstance(doc, dict):
+        raise WorkspaceError(f"{what} is not a JSON object; the repository is damaged")
+    return doc
+
+
+def event_name(ws: str, seq: int) -> str:
+    return f"event.{ws}.{seq:08d}"
+
+
+def epoch_name(ws: str, epoch: int) -> str:
+    return f"epoch.{ws}.{epoch:06d}"
+
+
+def request_name(ws: str, epoch: int, n: int) -> str:
+    return f"request.{ws}.{epoch}.{n:04d}"
+
+
+def check_workspace_name(name: str) -> None:
+    if not NAME_RE.match(name) or name.startswith("ws_"):
+        raise WorkspaceError(
+            f"invalid workspace name {name!r}: use 1-64 letters, digits, '.', '_' or '-', starting "
+            "with a letter or digit (and not 'ws_', which ids use)"
+        )
+
+
+class WorkspaceStore:
+    """Reads and writes workspace objects. Safe to share between threads; every cross-process
+    race is settled by the backend's exclusive create."""
+
+    def __init__(self, repo: Repository):
+        self.repo = repo
+        self.backend = repo.backend
+        self._lock = threading.Lock()
+        self._heads: dict[str, int] = {}
+
+    # -- creation and names ----------------------------------------------------------------
+
+    def create(self, command: R.Command, name: str | None = None, *, default_name: str = "job",
+               creator: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Create a workspace (its ``meta`` object and its name) and return the meta.
+        ``creator`` (host, boot id, pid) lets a reader tell a creator that died before it
+        took the workspace's first epoch."""
+        ws = R.new_id("ws")
+        if name is not None:
+            check_workspace_name(name)
+            self._claim(name, ws)
+        else:
+            name = self._claim_free(default_name, ws)
+        meta = {"format": R.RECORD_FORMAT, "id": ws, "name": name, "created": R.now(), "command": command.__dict__,
+                "creator": creator}
+        self.backend.save(KIND, f"meta.{ws}", _dump(meta), exclusive=True)
+        return meta
+
+    def _claim(self, name: str, ws: str) -> None:
+        try:
+            self.backend.save(KIND, f"name.{name}", _dump({"id": ws}), exclusive=True)
+        except AlreadyExists:
+            owner = self.name_owner(name)
+            raise WorkspaceError(f"the name {name!r} is taken by workspace {owner}; choose another "
+                                 "name (--name)") from None
+
+    def _claim_free(self, base: str, ws: str) -> str:
+        stem = re.sub(r"[^A-Za-z0-9._-]", "-", base).strip(".-_")[:48] or "job"
+        if stem.startswith("ws_"):
+            stem = "job-" + stem
+        for i in range(1, 10_000):
+            candidate = stem if i == 1 else f"{stem}-{i}"
+            try:
+                self.backend.save(KIND, f"name.{candidate}", _dump({"id": ws}), exclusive=True)
+                return candidate
+            except AlreadyExists:
+                continue
+        raise WorkspaceError(f"no free workspace name starting with {stem!r}; pass --name")
+
+    def name_owner(self, name: str) -> str | None:
+        try:
+            return str(_load(self.backend.load(KIND, f"name.{name}"), f"name {name}")["id"])
+        except (ObjectNotFound, KeyError):
+            return None
+
+    def resolve(self, ref: str) -> str:
+        """A workspace id from an id, a unique id prefix (with or without ``ws_``), or a name."""
+        ref = ref.strip()
+        if not ref or "/" in ref or ref.startswith("."):
+            raise WorkspaceNotFound(f"no workspace {ref!r} in {self.repo.url}")
+        if ref.startswith("ws_") and self.backend.stat(KIND, f"meta.{ref}") is not None:
+            return ref
+        if NAME_RE.match(ref) and not ref.startswith("ws_"):
+            owner = self.name_owner(ref)
+            if owner is not None:
+                return owner
+        prefix = ref if ref.startswith("ws_") else "ws_" + ref
+        matches = [n[len("meta."):] for n in self.backend.list(KIND, f"meta.{prefix}")]
+        if len(matches) == 1:
+            return matches[0]
+        if matches:
+            raise WorkspaceNotFound(f"{ref!r} is ambiguous in {self.repo.url}: {', '.join(matches[:5])}")
+        raise WorkspaceNotFound(f"no workspace {ref!r} in {self.repo.url} (`sojourn ps` lists them)")
+
+    def meta(self, ws: str) -> dict[str, Any]:
+        try:
+            return _load(self.backend.load(KIND, f"meta.{ws}"), f"meta of {ws}")
+        except ObjectNotFound:
+            raise WorkspaceNotFound(f"no workspace {ws} in {self.repo.url}") from None
+
+    def ids(self) -> list[str]:
+        return [n[len("meta."):] for n in self.backend.list(KIND, "meta.")]
+
+    # -- events ----------------------------------------------------------------------------
+
+    def append(self, ws: str, epoch: int, by: str, *events: dict[str, Any]) -> list[int]:
+        """Append events fenced by ``epoch`` (an event of a stale epoch is kept but void).
+
+        Safe under concurrent writers: each event is an exclusive create of the next free
+        sequence number; a writer that loses a number takes the next one."""
+        seqs = []
+        with self._lock:
+            seq = self._heads.get(ws)
+            if seq is None:
+                seq = self._probe_head(ws)
+            for ev in events:
+                while True:
+                    seq += 1
+                    doc = dict(ev)
+                    doc.update(seq=seq, epoch=epoch, by=by)
+                    doc.setdefault("t", R.now())
+                    try:
+                        self.backend.save(KIND, event_name(ws, seq), _dump(doc), exclusive=True)
+                        break
+                    except AlreadyExists:
+                        continue
+                seqs.append(seq)
+            self._heads[ws] = seq
+        self.backend.flush()
+        return seqs
+
+    def _probe_head(self, ws: str) -> int:
+        seq = 0
+        summary = self._summary(ws)
+        if summary is not None:
+            seq = int(summary.get("upto", 0))
+        while self.backend.stat(KIND, event_name(ws, seq + 1)) is not None:
+            seq += 1
+        return seq
+
+    def events(self, ws: str, start: int = 1) -> list[dict[str, Any]]:
+        """Events ``start``, ``start+1``... up to the first missing one."""
+        out: list[dict[str, Any]] = []
+        seq = start
+        while True:
+            try:
+                raw = self.backend.load(KIND, event_name(ws, seq))
+            except ObjectNotFound:
+                return out
+            out.append(_load(raw, f"event {seq} of {ws}"))
+            seq += 1
+
+    # -- the record ------------------------------------------------------------------------
+
+    def _summary(self, ws: str) -> dict[str, Any] | None:
+        try:
+            doc = _load(self.backend.load(KIND, f"summary.{ws}"), f"summary of {ws}")
+        except ObjectNotFound:
+            return None
+        return doc if doc.get("format") == R.RECORD_FORMAT else None
+
+    def record(self, ws: str, *, save: bool = True) -> R.WorkspaceRecord:
+        """The workspace's record: its summary with every newer event folded in."""
+        summary = self._summary(ws)
+        rec = R.WorkspaceRecord.from_json(summary["record"]) if summary else R.initial(self.meta(ws))
+        return self._advance(rec, save=save)
+
+    def _advance(self, rec: R.WorkspaceRecord, *, save: bool) -> R.WorkspaceRecord:
+        new = self.events(rec.id, rec.upto + 1)
+        for ev in new:
+            R.apply(rec, ev)
+        if new and save:
+            self.save_summary(rec)
+        return rec
+
+    def save_summary(self, rec: R.WorkspaceRecord) -> None:
+        try:
+            self.backend.save(KIND, f"summary.{rec.id}", _dump({"format": R.RECORD_FORMAT, "upto": rec.upto,
+                                                                 "record": rec.to_json()}))
+        except RepositoryError:
+            pass  # a cache that cannot be written (a read-only repository) only costs time
+
+    def summary_record(self, ws: str) -> R.WorkspaceRecord:
+        """The record for a listing: the summary if no event came after it (one stat), else
+        the summary with the newer events folded in."""
+        summary = self._summary(ws)
+        if summary is None:
+            return self.record(ws)
+        rec = R.WorkspaceRecord.from_json(summary["record"])
+        if self.backend.stat(KIND, event_name(ws, rec.upto + 1)) is None:
+            return rec
+        return self._advance(rec, save=True)
+
+    def records(self, ids: Iterable[str] | None = None) -> list[R.WorkspaceRecord]:
+        """Every workspace's record, read in parallel on object stores."""
+        wanted = list(ids) if ids is not None else self.ids()
+        local = type(self.backend).__name__ in ("LocalBackend", "MemoryBackend")
+        if local or len(wanted) < 8:
+            out = [self._safe_summary(ws) for ws in wanted]
+        else:
+            with ThreadPoolExecutor(32, thread_name_prefix="sojourn-ps") as pool:
+                out = list(pool.map(self._safe_summary, wanted))
+        return [r for r in out if r is not None]
+
+    def _safe_summary(self, ws: str) -> R.WorkspaceRecord | None:
+        try:
+            return self.summary_record(ws)
+        except WorkspaceNotFound:
+            return None  # removed while we listed
+
+    # -- authority -------------------------------------------------------------------------
+
+    def epoch(self, ws: str, hint: int = 0) -> tuple[int, dict[str, Any] | None]:
+        """The current epoch (the highest ``epoch.<ws>.<n>`` object) and its content."""
+        n, doc = hint, None
+        while True:
+            try:
+                raw = self.backend.load("locks", epoch_name(ws, n + 1))
+            except ObjectNotFound:
+                break
+            n += 1
+            doc = _load(raw, f"epoch {n} of {ws}")
+        if doc is None and n > 0:
+            doc = _load(self.backend.load("locks", epoch_name(ws, n)), f"epoch {n} of {ws}")
+        return n, doc
+
+    def acquire(self, ws: str, expected: int, holder: str, **info: Any) -> int:
+        """Compare-and-swap the authority from epoch ``expected`` to ``expected + 1`` held by
+        ``holder``. Exactly one of any number of concurrent callers wins; the others get
+        :class:`AuthorityLost` naming the winner."""
+        new = expected + 1
+        doc = {"workspace": ws, "epoch": new, "holder": holder, "t": R.now(), **info}
+        try:
+            self.backend.save("locks", epoch_name(ws, new), _dump(doc), exclusive=True)
+        except AlreadyExists:
+            current, won = self.epoch(ws, expected)
+            who = (won or {}).get("holder")
+            raise AuthorityLost(f"workspace {ws} was taken by {who} (epoch {current}) while this "
+                                f"command held epoch {expected}", current, who) from None
+        self.backend.flush()
+        return new
+
+    def holds(self, ws: str, epoch: int) -> bool:
+        """Whether ``epoch`` is still the current one (no one created the next)."""
+        return self.backend.stat("locks", epoch_name(ws, epoch + 1)) is None
+
+    # -- pause requests --------------------------------------------------------------------
+
+    def request(self, ws: str, epoch: int, kind: str, **data: Any) -> int:
+        doc = {"kind": kind, "t": R.now(), "host": os.uname().nodename, "pid": os.getpid(), **data}
+        n = 1
+        while True:
+            try:
+                self.backend.save(KIND, request_name(ws, epoch, n), _dump({**doc, "n": n}), exclusive=True)
+                self.backend.flush()
+                return n
+            except AlreadyExists:
+                n += 1
+
+    def poll_request(self, ws: str, epoch: int, n: int) -> dict[str, Any] | None:
+        try:
+            return _load(self.backend.load(KIND, request_name(ws, epoch, n)), f"request {n} of {ws}")
+        except ObjectNotFound:
+            return None

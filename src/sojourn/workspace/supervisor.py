@@ -1,0 +1,430 @@
+"""The supervisor of one allocation: it starts the session process, keeps its output, serves
+pause requests, and records how the allocation ended.
+
+It runs outside the program (in the ``sojourn run`` / ``sojourn resume`` process), so it
+survives the program: a crash, an out-of-memory error, ``kill -9`` of the session, all end in
+a ``stopped`` event that says what happened. Threads:
+
+* the pump reads the session's stdout, stderr and status pipes: output goes to the terminal
+  (``on_output``) and, byte for byte, to the workspace log; status messages become events;
+* the watcher polls the repository for pause requests (``request.<ws>.<epoch>.<n>``, written
+  by ``sojourn suspend`` from any host), hands them to the session over the control pipe,
+  reports what a pending pause waits for, writes log pieces, and checks that this allocation
+  still holds the authority (if not, another holder runs the workspace and this copy stops);
+* the main thread waits for the session and forwards signals to it: SIGTERM, SIGUSR1 and
+  SIGINT as they are, SIGHUP as SIGTERM (a closed terminal pauses the program).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sojourn.workspace import records as R
+from sojourn.workspace.capsules import capsule_facts, child_env, verify_capsule
+from sojourn.workspace.liveness import process_start
+from sojourn.workspace.logs import LogWriter
+from sojourn.workspace.store import WorkspaceStore
+
+EXIT_PAUSED = 75  # the program paused and its capsule passed the write check
+EXIT_PAUSE_FAILED = 76  # a pause was taken but its capsule failed the check, or none could be taken
+EXIT_OOM = 77  # the program ran out of memory (`sojourn show` says whether a capsule was taken)
+
+OutputCallback = Callable[[str, bytes], None]
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
+
+
+@dataclass
+class SessionSpec:
+    workspace: str
+    allocation: str
+    epoch: int
+    python: str
+    cwd: str
+    script: str | None = None
+    argv: list[str] = field(default_factory=list)
+    capsule: str | None = None  # resume from it
+    memory: int | None = None
+    scan_interval: float = 600.0
+
+
+@dataclass
+class Outcome:
+    reason: str  # a stop reason (records.STOP_REASONS)
+    state: str
+    exit_code: int  # what `sojourn run`/`resume` exits with
+    program_exit_code: int | None
+    detail: str
+    capsule: R.CapsuleEntry | None = None
+    ran: bool = True
+    max_rss: int | None = None
+    refusals: list[dict[str, Any]] = field(default_factory=list)
+
+
+def oom_reason(reason: str) -> bool:
+    r = reason.lower()
+    return "oom" in r or "memory" in r
+
+
+class Supervisor:
+    def __init__(self, store: WorkspaceStore, spec: SessionSpec, *, on_output: OutputCallback | None = None,
+                 log_interval: float = 2.0, poll_interval: float | None = None):
+        self.store = store
+        self.spec = spec
+        self.on_output = on_output
+        self.repo_url = store.repo.url
+        self.log = LogWriter(store.backend, spec.workspace, spec.allocation, interval=log_interval)
+        remote = type(store.backend).__name__ == "S3Backend"
+        self.poll_interval = poll_interval if poll_interval is not None else (1.0 if remote else 0.1)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._ctl_w: int | None = None
+        self._status_r: int | None = None
+        self._out_r: int | None = None
+        self._err_r: int | None = None
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self.capsule_msg: dict[str, Any] | None = None
+        self.exit_msg: dict[str, Any] | None = None
+        self.status_msg: dict[str, Any] | None = None
+        self.refusals: list[dict[str, Any]] = []
+        self.pending: dict[str, Any] | None = None
+        self.lost_authority: str | None = None
+        self.started = False
+        self.stderr_tail = b""
+
+    # -- events ----------------------------------------------------------------------------
+
+    def append(self, *events: dict[str, Any]) -> None:
+        self.store.append(self.spec.workspace, self.spec.epoch, self.spec.allocation, *events)
+
+    # -- the whole life of the allocation --------------------------------------------------
+
+    def run(self) -> Outcome:
+        try:
+            self._spawn()
+        except OSError as e:
+            return self._finish_without_session(f"the session could not start with {self.spec.python}: {e}")
+        assert self.proc is not None
+        old = self._install_signals()
+        pump = threading.Thread(target=self._pump, name="sojourn-pump", daemon=True)
+        watch = threading.Thread(target=self._watch, name="sojourn-watch", daemon=True)
+        pump.start()
+        watch.start()
+        try:
+            _, status, usage = os.wait4(self.proc.pid, 0)
+        finally:
+            self._restore_signals(old)
+        rc = os.waitstatus_to_exitcode(status)
+        self.proc.returncode = rc
+        max_rss = int(usage.ru_maxrss * (1 if sys.platform == "darwin" else 1024))
+        self._done.set()
+        pump.join(timeout=3.0)  # a grandchild that kept the pipes open must not hold us here
+        watch.join(timeout=5.0)
+        self._close_fds()
+        self.log.flush()
+        return self._finish(rc, max_rss)
+
+    def _spawn(self) -> None:
+        s = self.spec
+        ctl_r, ctl_w = os.pipe()
+        st_r, st_w = os.pipe()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        cmd = [s.python, "-m", "sojourn.workspace.session", "--repo", self.repo_url, "--workspace", s.workspace,
+               "--allocation", s.allocation, "--epoch", str(s.epoch), "--status-fd", str(st_w),
+               "--control-fd", str(ctl_r), "--output-fds", f"{out_r},{err_r}", "--scan-interval", str(s.scan_interval)]
+        if s.memory:
+            cmd += ["--memory", str(s.memory)]
+        if s.capsule:
+            cmd += ["resume", s.capsule]
+        else:
+            assert s.script is not None
+            cmd += ["run", s.script, *s.argv]
+        try:
+            # Its own session: the terminal's Ctrl-C and hang-up reach the supervisor, which
+            # forwards them once, and the program does not die with the terminal. It also
+            # holds the read ends of its own output pipes, so that its writes never fail if
+            # the supervisor dies (it then drains them into a spill file).
+            self.proc = subprocess.Popen(cmd, cwd=s.cwd, env=child_env(), stdout=out_w, stderr=err_w,
+                                         pass_fds=(st_w, ctl_r, out_r, err_r), start_new_session=True)
+        except OSError:
+            for fd in (ctl_r, ctl_w, st_r, st_w, out_r, out_w, err_r, err_w):
+                os.close(fd)
+            raise
+        for fd in (ctl_r, st_w, out_w, err_w):
+            os.close(fd)
+        self._ctl_w, self._status_r = ctl_w, st_r
+        self._out_r, self._err_r = out_r, err_r
+
+    def _close_fds(self) -> None:
+        for fd in (self._ctl_w, self._status_r, self._out_r, self._err_r):
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self._ctl_w = self._status_r = self._out_r = self._err_r = None
+
+    # -- signals ---------------------------------------------------------------------------
+
+    def _install_signals(self) -> dict[int, Any]:
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        old: dict[int, Any] = {}
+        for sig in FORWARDED:
+            old[sig] = signal.signal(sig, self._forward)
+        return old
+
+    def _restore_signals(self, old: dict[int, Any]) -> None:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+    def _forward(self, signum: int, frame: Any) -> None:
+        target = signal.SIGTERM if signum == signal.SIGHUP else signum
+        if signum == signal.SIGHUP:
+            self.on_output = None  # the terminal is gone
+        p = self.proc
+        if p is not None and p.returncode is None:
+            try:
+                os.kill(p.pid, target)
+            except ProcessLookupError:
+                pass
+
+    # -- the pump: output and status -------------------------------------------------------
+
+    def _pump(self) -> None:
+        assert self._out_r is not None and self._err_r is not None and self._status_r is not None
+        sel = selectors.DefaultSelector()
+        sel.register(self._out_r, selectors.EVENT_READ, "stdout")
+        sel.register(self._err_r, selectors.EVENT_READ, "stderr")
+        sel.register(self._status_r, selectors.EVENT_READ, "status")
+        status_buf = b""
+        open_fds = 3
+        deadline: float | None = None
+        while open_fds:
+            if self._done.is_set() and deadline is None:
+                deadline = time.monotonic() + 2.0
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            for key, _ in sel.select(timeout=0.2):
+                fd = int(key.fd)
+                try:
+                    data = os.read(fd, 1 << 16)
+                except OSError:
+                    data = b""
+                if not data:
+                    sel.unregister(fd)
+                    open_fds -= 1
+                    continue
+                if key.data == "status":
+                    status_buf += data
+                    while b"\n" in status_buf:
+                        line, status_buf = status_buf.split(b"\n", 1)
+                        self._status(line)
+                    continue
+                self.log.write(key.data, data)
+                if key.data == "stderr":
+                    self.stderr_tail = (self.stderr_tail + data)[-2048:]
+                cb = self.on_output
+                if cb is not None:
+                    try:
+                        cb(key.data, data)
+                    except Exception:
+                        self.on_output = None  # the terminal went away; the log keeps everything
+        sel.close()
+
+    def _status(self, line: bytes) -> None:
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            return
+        kind = msg.get("event")
+        if kind == "started":
+            self.started = True
+            self.append({"type": "started", "allocation": self.spec.allocation, "session_pid": msg.get("pid"),
+                         "session_pid_start": msg.get("pid_start"), "python_version": msg.get("python_version"),
+                         "python": msg.get("python_version"), "arch": msg.get("arch"),
+                         "platform": msg.get("platform")})
+        elif kind == "capsule":
+            if msg.get("action") == "exit":
+                self.capsule_msg = msg
+            else:
+                self.append({"type": "note", "message": f"checkpoint {msg.get('capsule')} at {msg.get('where')}"})
+        elif kind == "refusal":
+            self.refusals.append(msg)
+            with self._lock:
+                self.pending = None
+            self.append({"type": "refused", "reason": msg.get("reason"), "message": msg.get("message"),
+                         "problems": msg.get("problems", [])})
+        elif kind == "status":
+            self.status_msg = msg
+        elif kind == "exit":
+            self.exit_msg = msg
+
+    # -- the watcher: requests, waiting, log pieces, authority -----------------------------
+
+    def _watch(self) -> None:
+        ws, epoch = self.spec.workspace, self.spec.epoch
+        next_request = 1
+        last_status_ask = 0.0
+        last_waiting: tuple[str, float] | None = None
+        last_authority_check = time.monotonic()
+        ticks = 0
+        while not self._done.wait(self.poll_interval):
+            ticks += 1
+            try:
+                if self.log.due():
+                    self.log.flush()
+                req = self.store.poll_request(ws, epoch, next_request)
+                if req is not None:
+                    next_request += 1
+                    self._serve(req)
+                with self._lock:
+                    pending = self.pending
+                # A pause normally lands within milliseconds; one still pending after 0.3 s is
+                # waiting for something, and the session says what.
+                if (pending is not None and time.monotonic() - pending["t"] >= 0.3
+                        and time.monotonic() - last_status_ask >= 1.0):
+                    last_status_ask = time.monotonic()
+                    self._control({"op": "status"})
+                    st = self.status_msg
+                    if st and st.get("pending"):
+                        why = str(st.get("waiting_for", ""))
+                        if last_waiting is None or last_waiting[0] != why or time.monotonic() - last_waiting[1] > 10:
+                            last_waiting = (why, time.monotonic())
+                            self.append({"type": "waiting", "why": why, "seconds": round(float(st.get("seconds", 0)), 1)})
+                if time.monotonic() - last_authority_check >= 2.0:
+                    last_authority_check = time.monotonic()
+                    if not self.store.holds(ws, epoch):
+                        self._lose_authority()
+                        return
+            except Exception as e:  # the repository hiccuped: keep supervising, say so once a while
+                if ticks % 50 == 1:
+                    print(f"sojourn: supervisor of {ws}: {e}", file=sys.stderr)
+
+    def _serve(self, req: dict[str, Any]) -> None:
+        kind = str(req.get("kind", "suspend"))
+        with self._lock:
+            self.pending = {"n": req.get("n"), "kind": kind, "t": time.monotonic()}
+        self.status_msg = None
+        self.append({"type": "request", "n": req.get("n"), "kind": kind,
+                     "requested_by": f"{req.get('host')}:{req.get('pid')}"})
+        self._control({"op": "pause", "reason": kind, "deadline": req.get("deadline"), "action": "exit",
+                       "on_timeout": "continue"})
+
+    def _control(self, msg: dict[str, Any]) -> None:
+        fd = self._ctl_w
+        if fd is None:
+            return
+        try:
+            os.write(fd, (json.dumps(msg) + "\n").encode())
+        except OSError:
+            pass
+
+    def _lose_authority(self) -> None:
+        current, doc = self.store.epoch(self.spec.workspace, self.spec.epoch)
+        who = (doc or {}).get("holder")
+        self.lost_authority = f"the workspace was taken over by {who} (epoch {current}); this copy was stopped"
+        print(f"sojourn: {self.lost_authority}", file=sys.stderr)
+        p = self.proc
+        if p is not None and p.returncode is None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    # -- the end ---------------------------------------------------------------------------
+
+    def _finish(self, rc: int, max_rss: int) -> Outcome:
+        s = self.spec
+        events: list[dict[str, Any]] = []
+        cap_entry: R.CapsuleEntry | None = None
+        extra: dict[str, Any] = {}
+        ran = bool(self.exit_msg.get("ran", True)) if self.exit_msg else True
+        if self.capsule_msg is not None:
+            m = self.capsule_msg
+            error = verify_capsule(self.repo_url, m["capsule"], python=s.python, cwd=s.cwd)
+            cap_entry = R.CapsuleEntry(id=m["capsule"], parent=m.get("parent"), reason=str(m.get("reason")),
+                                       where=str(m.get("where", "")), size=int(m.get("size", 0)), time=R.now(),
+                                       allocation=s.allocation, verified=error is None, error=error)
+            if error is None:
+                extra = capsule_facts(self.store.repo, cap_entry.id)
+            events.append({"type": "capsule", "capsule": cap_entry.__dict__,
+                           "distributions": extra.get("distributions"), "arch": extra.get("arch")})
+        if not self.started:
+            ran = False
+        reason, detail, code = self._classify(rc, cap_entry)
+        produced = cap_entry.id if cap_entry is not None and cap_entry.verified else None
+        # What the workspace stands on now: this stop's capsule, else the one a failed resume
+        # started from, else the last good one before.
+        standing = produced or (s.capsule if not ran else None) or self._last_good()
+        state = R.state_after_stop(reason, produced if ran else standing, ran)
+        events.append({"type": "stopped", "allocation": s.allocation, "reason": reason, "detail": detail,
+                       "exit_code": rc, "max_rss": max_rss, "spend": 0.0, "state": state, "capsule": standing,
+                       "ran": ran, "log_bytes": self.log.bytes_written})
+        if self.lost_authority is None:
+            self.append(*events)
+            self.store.record(s.workspace)
+        return Outcome(reason, state, code, None if self.capsule_msg else rc, detail,
+                       cap_entry, ran, max_rss, list(self.refusals))
+
+    def _last_good(self) -> str | None:
+        rec = self.store.record(self.spec.workspace, save=False)
+        return rec.last_capsule.id if rec.last_capsule else None
+
+    def _classify(self, rc: int, cap: R.CapsuleEntry | None) -> tuple[str, str, int]:
+        """(stop reason, detail, exit code of the command) from how the session ended."""
+        limit = f" (limit {self.spec.memory / 2**20:.0f} MiB)" if self.spec.memory else ""
+        if self.lost_authority is not None:
+            return "failed", self.lost_authority, 1
+        if cap is not None:
+            if not cap.verified:
+                return "failed", f"capsule {cap.id} failed its write check: {cap.error}", EXIT_PAUSE_FAILED
+            if oom_reason(cap.reason) or rc == EXIT_OOM:
+                return "oom", f"ran out of memory{limit} at {cap.where}", EXIT_OOM
+            if cap.reason == "preempted":
+                return "preempted", f"paused at {cap.where}", EXIT_PAUSED
+            return "suspended", f"paused ({cap.reason}) at {cap.where}", EXIT_PAUSED
+        em = self.exit_msg
+        if not self.started:
+            tail = self.stderr_tail.decode(errors="replace").strip().splitlines()
+            last = f": {tail[-1]}" if tail else ""
+            return "failed", f"the session did not start under {self.spec.python} (exit code {rc}){last}", rc
+        if em is not None and not em.get("ran", True):
+            return "failed", f"the program could not be carried on: {em.get('message', '')}", rc
+        if em is not None and em.get("oom"):
+            said = f": {em.get('message')}" if em.get("message") else ""
+            return ("oom", f"ran out of memory{limit} ({em.get('error')}{said}); the engine took no capsule at "
+                    "the failing statement", EXIT_OOM)
+        if rc == 0:
+            return "finished", "exit code 0", 0
+        if rc == EXIT_PAUSE_FAILED:
+            return "failed", "a pause was required (SIGTERM) but could not be taken before its deadline", rc
+        if rc < 0:
+            name = signal.Signals(-rc).name if -rc in signal.Signals._value2member_map_ else str(-rc)
+            return "failed", f"the session was killed by {name}", 128 - rc
+        if em is not None and em.get("error"):
+            return "failed", f"{em.get('error')}: {em.get('message', '')}"[:500], rc
+        return "failed", f"exit code {rc}", rc
+
+    def _finish_without_session(self, why: str) -> Outcome:
+        s = self.spec
+        standing = s.capsule or self._last_good()
+        state = R.state_after_stop("failed", standing, ran=False)
+        self.append({"type": "stopped", "allocation": s.allocation, "reason": "failed", "detail": why,
+                     "exit_code": None, "state": state, "capsule": standing, "ran": False})
+        self.store.record(s.workspace)
+        return Outcome("failed", state, 2, None, why, None, False)
+
+
+def supervisor_identity() -> tuple[int, int | None]:
+    return os.getpid(), process_start(os.getpid())
