@@ -11,12 +11,15 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sojourn.capsule import format as fmt
-from sojourn.capsule.capture import capture_namespace
-from sojourn.capsule.restore import Restored, restore_capsule
-from sojourn.capsule.scan import scan as _scan
 from sojourn.errors import Problem, SojournError
 from sojourn.repository.repo import open_repository
+
+if TYPE_CHECKING:
+    from sojourn.capsule import format as fmt
+    from sojourn.capsule.restore import Restored
+
+# The capsule machinery (and the reducer table) loads on first use, not on `import sojourn`:
+# `sojourn run` starts two interpreters and each pays for what it imports.
 
 PathLike = str | os.PathLike[str]
 
@@ -84,7 +87,7 @@ def _variables(manifest: fmt.Manifest) -> tuple[VariableInfo, ...]:
     return tuple(
         VariableInfo(v.name, v.type, v.size, v.fingerprint)
         for v in manifest.variables
-        if v.name != fmt.PROCESS_SEGMENT
+        if v.name != "<process>"
     )
 
 
@@ -100,6 +103,8 @@ def capture(
     """Capture ``namespace`` (and ``extra``, process-level state such as a paused program's
     stack, carried in the process segment with the same memo) into a capsule."""
     with open_repository(repo, create=True) as r:
+        from sojourn.capsule.capture import capture_namespace
+
         m = capture_namespace(namespace, r, files=files, parent=parent, labels=labels, extra=extra)
         return CapsuleRef(
             id=m.id,
@@ -123,15 +128,21 @@ def restore(
     if device_policy not in ("auto", "cpu", "keep"):
         raise SojournError(f"device_policy must be 'auto', 'cpu' or 'keep', not {device_policy!r}")
     with open_repository(repo) as r:
+        from sojourn.capsule.restore import restore_capsule
+
         return restore_capsule(r, capsule_id, files_to=files_to, device_policy=device_policy, into=into)
 
 
 def scan(namespace: dict[str, Any]) -> list[Problem]:
+    from sojourn.capsule.scan import scan as _scan
+
     return _scan(namespace)
 
 
 def inspect(capsule_id: str, repo: PathLike | None = None) -> CapsuleInfo:
     with open_repository(repo) as r:
+        from sojourn.capsule import format as fmt
+
         m = fmt.load_manifest(r, capsule_id)
         files: list[dict[str, Any]] = []
         if m.files:
@@ -164,6 +175,8 @@ def verify(
     import tempfile
 
     with open_repository(repo) as r:
+        from sojourn.capsule import format as fmt
+
         cap = fmt.resolve_id(r, capsule_id)
         url = r.url
     t0 = time.perf_counter()
