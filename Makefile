@@ -6,7 +6,7 @@ PIP     = $(PY) -m pip
 # torch: the CPU build (the plain name pulls a multi-GB CUDA build).
 TORCH  ?= torch==2.13.0
 
-.PHONY: setup demo test lint unit crossvenvs bench clean
+.PHONY: setup demo demo-capsule test lint unit crossvenvs bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,8 +30,11 @@ crossvenvs: setup
 	  fi; \
 	done; true
 
-demo: setup
+demo: setup crossvenvs
 	$(PY) examples/demo.py
+
+demo-capsule: setup
+	$(PY) examples/demo_capsule.py
 
 lint: setup
 	$(VENV)/bin/ruff check .

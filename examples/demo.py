@@ -1,104 +1,93 @@
-"""The main job on the embedded default: capture a live session, restore it elsewhere.
+"""The main job on the embedded default: a training run moves to a new process mid-epoch.
 
-A small "session" builds real state (arrays and views of them, a torch model with its
-optimizer, user functions and classes, RNGs mid-stream), captures it into the local
-repository, then a *fresh interpreter* restores it, checks every fingerprint and shows
-that the program would carry on exactly where it was.
+1. runs examples/train.py plainly, for reference;
+2. runs it under `sojourn run` (local repository, this machine), sends the session a real
+   SIGTERM in the middle of an epoch: it pauses between two statements and writes a capsule;
+3. `sojourn resume` carries it on in a new process, on another Python minor version when one
+   is installed (.venv3.12 / .venv3.13 from `make crossvenvs`);
+4. compares `sojourn logs` (the workspace's one log across both processes) with the plain run.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import signal
 import subprocess
 import sys
 import tempfile
-import textwrap
+import time
+from pathlib import Path
 
-SESSION = textwrap.dedent(
-    '''
-    import random, sys
-    import numpy as np
-    import sojourn
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
 
-    random.seed(1); np.random.seed(2)
-    data = np.random.rand(1000, 64)
-    batch = data[100:132]              # a view: it must keep sharing memory with data
-    gen = np.random.default_rng(7); gen.random(3)
 
-    class Running:
-        def __init__(self): self.n, self.total = 0, 0.0
-        def add(self, x): self.n += 1; self.total += x; return self.total / self.n
-    stats = Running()
-    for x in data[:10, 0]: stats.add(float(x))
-    scale = 2.5
-    normalise = lambda v: v * scale / (1 + abs(v))      # a lambda with a global
-    try:
-        import torch
-        torch.manual_seed(3)
-        model = torch.nn.Sequential(torch.nn.Linear(64, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        loss = model(torch.tensor(batch, dtype=torch.float32)).pow(2).mean()
-        loss.backward(); opt.step(); opt.zero_grad()
-        del loss
-    except ImportError:
-        pass
-    ref = sojourn.capture(globals(), sys.argv[1])
-    print(ref.id)
-    # What the program would do next, if it had not moved:
-    print(repr((random.random(), float(np.random.rand()), float(gen.random()), stats.add(0.5), normalise(3.0))))
-    '''
-)
+def sojourn(*args: str, python: str = sys.executable, **kw) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([python, "-m", "sojourn.cli.main", *args], text=True, **kw)
 
-RESUME = textwrap.dedent(
-    '''
-    import sys, random
-    import numpy as np
-    import sojourn
-    ns = sojourn.restore(sys.argv[2], sys.argv[1], into=globals())
-    print(repr((random.random(), float(np.random.rand()), float(gen.random()), stats.add(0.5), normalise(3.0))))
-    batch[0, 0] = -1.0
-    print("view still shares memory with its base:", data[100, 0] == -1.0)
-    if "model" in ns:
-        import torch
-        print("optimizer points at the model's own parameters:",
-              opt.param_groups[0]["params"][0] is model[0].weight)
-    '''
-)
+
+def other_python() -> str:
+    here = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    for v in ("3.13", "3.12", "3.11"):
+        cand = ROOT / f".venv{v}" / "bin" / "python"
+        if v != here and cand.exists():
+            return str(cand)
+    return sys.executable
 
 
 def main() -> int:
-    repo = os.environ.get("SOJOURN_REPO") or os.path.expanduser("~/.sojourn/repo")
-    os.makedirs(os.path.dirname(repo), exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        session = os.path.join(tmp, "session.py")
-        resume = os.path.join(tmp, "resume.py")
-        with open(session, "w") as f:
-            f.write(SESSION)
-        with open(resume, "w") as f:
-            f.write(RESUME)
-        print(f"1. a Python session builds its state and captures it into {repo}")
-        out = subprocess.run([sys.executable, session, repo], capture_output=True, text=True, cwd=tmp)
-        if out.returncode:
-            print(out.stderr)
-            return 1
-        capsule, expected = out.stdout.split("\n")[:2]
-        subprocess.run([sys.executable, "-m", "sojourn.cli.main", "inspect", capsule, "--repo", repo], cwd=tmp)
-        print("\n2. a fresh interpreter verifies every fingerprint")
-        subprocess.run([sys.executable, "-m", "sojourn.cli.main", "verify", capsule, "--repo", repo], cwd=tmp)
-        print("\n3. a fresh interpreter restores it and carries on")
-        out = subprocess.run([sys.executable, resume, repo, capsule], capture_output=True, text=True, cwd=tmp)
-        if out.returncode:
-            print(out.stderr)
-            return 1
-        got, *rest = out.stdout.split("\n")
-        print("   next values, uninterrupted:", expected)
-        print("   next values, after restore:", got)
-        for line in rest:
-            if line:
-                print("  ", line)
-        same = got == expected
-        print("\nRESULT:", "the restored session carries on exactly where it was" if same else "MISMATCH")
-        return 0 if same else 1
+    repo = os.environ.get("SOJOURN_REPO") or str(Path.home() / ".sojourn" / "repo")
+    Path(repo).parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="sojourn-demo-"))
+    script = work / "train.py"
+    script.write_text((HERE / "train.py").read_text())
+
+    print("1. the training job, uninterrupted (reference):")
+    reference = subprocess.run([sys.executable, str(script)], cwd=work, capture_output=True, text=True, check=True).stdout
+    print("   " + reference.strip().splitlines()[-1])
+
+    print(f"\n2. the same job under `sojourn run` (repository {repo}); a real SIGTERM arrives mid-epoch:")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sojourn.cli.main", "run", "--repo", repo, "--name", f"demo-{os.getpid()}", str(script)],
+        cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    seen = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        seen.append(line)
+        print("   | " + line.rstrip())
+        if line.startswith("epoch 1 batch  20"):
+            t_signal = time.perf_counter()
+            proc.send_signal(signal.SIGTERM)
+            break
+    rest, err = proc.communicate(timeout=120)
+    for line in rest.splitlines():
+        print("   | " + line)
+    ws = re.search(r"\b(ws_[0-9a-f]+)", err)
+    if proc.returncode != 75 or not ws:
+        print(f"   the session did not pause (exit {proc.returncode}):\n{err}")
+        return 1
+    print(f"   paused and captured in {time.perf_counter() - t_signal:.2f} s; exit code 75; workspace {ws.group(1)}")
+    sojourn("ps", "--repo", repo, cwd=work)
+
+    python = other_python()
+    version = subprocess.run([python, "-c", "import platform; print(platform.python_version())"], capture_output=True, text=True).stdout.strip()
+    print(f"\n3. `sojourn resume` carries it on in a new process, Python {version}:")
+    res = sojourn("resume", ws.group(1), "--repo", repo, "--python", python, cwd=work, capture_output=True)
+    for line in res.stdout.splitlines():
+        print("   | " + line)
+    if res.returncode != 0:
+        print(res.stderr)
+        return 1
+
+    print("\n4. the workspace's one log, across both processes, against the uninterrupted run:")
+    log = sojourn("logs", ws.group(1), "--repo", repo, "--stream", "stdout", cwd=work, capture_output=True).stdout
+    same = log == reference
+    print(f"   {len(log.splitlines())} lines in `sojourn logs`, {len(reference.splitlines())} in the reference: "
+          + ("identical" if same else "DIFFERENT"))
+    print("\nRESULT:", "the moved run ended exactly like the uninterrupted one" if same else "MISMATCH")
+    return 0 if same else 1
 
 
 if __name__ == "__main__":
