@@ -58,6 +58,9 @@ def _unsupported(type_name: str) -> None:
 class CapsulePickler(pickle.Pickler):
     def __init__(self, file: io.BufferedIOBase | io.BytesIO, ctx: CaptureContext):
         super().__init__(file, protocol=PROTOCOL, buffer_callback=self._on_buffer)
+        # Whoever pickles gets every reducer: importing the package registers them (once).
+        from sojourn.capsule import reducers  # noqa: F401
+
         self.ctx = ctx
         self.buffers: list[BufferOut] = []
         self._tagged: dict[int, tuple[pickle.PickleBuffer, str, dict[str, Any], Any]] = {}
