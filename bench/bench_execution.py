@@ -1,11 +1,15 @@
 """Cost of running under sojourn: steady-state overhead, start-up, signal -> pause latency.
 
-    python bench/bench_execution.py [--rounds N]
+    python bench/bench_execution.py [--rounds N] [--only overhead|startup|latency]
 
-Each workload is a small script timed from inside (the loop only, min over rounds), run by
-plain ``python`` and by ``python -m sojourn.execution run`` alternately. Targets (issue 3):
-<= 2% on a numpy/torch loop, <= 10% on a tight pure-Python loop, start-up <= 300 ms over
-python, signal -> paused at a statement boundary <= 5 ms while Python code runs.
+Everything is measured in this one run and printed as one table, against the targets of issue
+3: <= 2% on a numpy/torch training loop, <= 10% on a tight pure-Python loop, start-up <= 300 ms
+over python, signal -> paused at a statement boundary <= 5 ms while Python code runs.
+
+Each workload is a small script that times its own loop (min over repeats inside the
+process), run by plain ``python`` and by ``python -m sojourn.execution run`` alternately, for
+``--rounds`` rounds; the table shows the minimum of each, which is what is least disturbed by
+other load on the machine.
 """
 
 from __future__ import annotations
@@ -18,13 +22,26 @@ import sys
 import tempfile
 import textwrap
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-ENV = dict(os.environ, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+ENV = dict(os.environ, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+           OPENBLAS_NUM_THREADS="1")
 
-WORKLOADS = {
-    "tight pure-Python loop": ("""
+
+@dataclass
+class Workload:
+    name: str
+    setup: str
+    call: str
+    n: int
+    target: float | None  # overhead limit in per cent, None: reported only
+    needs: str = ""
+
+
+WORKLOADS = [
+    Workload("tight pure-Python loop", """
         def tight(n):
             s = 0
             for i in range(n):
@@ -32,8 +49,8 @@ WORKLOADS = {
                 if s > 1000000007:
                     s -= 1000000007
             return s
-        """, "tight(N)", 2_000_000),
-    "call-heavy pure-Python loop": ("""
+        """, "tight(N)", 2_000_000, 10.0),
+    Workload("call-heavy pure-Python loop", """
         def add(a, b):
             return a + b
         def sq(x):
@@ -43,8 +60,8 @@ WORKLOADS = {
             for i in range(n):
                 s = add(s, sq(i)) % 1000003
             return s
-        """, "calls(N)", 1_000_000),
-    "numpy loop (64x64 matmul)": ("""
+        """, "calls(N)", 1_000_000, None),
+    Workload("numpy loop (64x64 matmul)", """
         import numpy as np
         rng = np.random.default_rng(0)
         A = rng.standard_normal((64, 64)); B = rng.standard_normal((64, 64))
@@ -55,10 +72,11 @@ WORKLOADS = {
                 c = np.tanh(c)
                 a = c / (np.abs(c).sum() + 1.0)
             return a
-        """, "npl(N)", 20_000),
-    "torch training loop (MLP, SGD)": ("""
+        """, "npl(N)", 20_000, 2.0, "numpy"),
+    Workload("torch training loop (MLP, SGD)", """
         import torch
         torch.manual_seed(0)
+        torch.set_num_threads(1)
         model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         x = torch.randn(64, 32); y = torch.randn(64, 1)
@@ -72,9 +90,29 @@ WORKLOADS = {
             for i in range(n):
                 loss = step()
             return loss
+        """, "train(N)", 3_000, 2.0, "torch"),
+    Workload("torch DataLoader + tqdm + dropout", """
+        import io, torch
+        from torch.utils.data import DataLoader, TensorDataset
+        from tqdm import tqdm
+        torch.manual_seed(0)
         torch.set_num_threads(1)
-        """, "train(N)", 3_000),
-}
+        data = TensorDataset(torch.randn(4096, 32), torch.randn(4096, 1))
+        loader = DataLoader(data, batch_size=32, shuffle=True)
+        model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Dropout(0.2),
+                                    torch.nn.Linear(64, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        sink = io.StringIO()
+        def epochs(n):
+            for epoch in range(n):
+                for xb, yb in tqdm(loader, file=sink, mininterval=0.5):
+                    opt.zero_grad()
+                    loss = ((model(xb) - yb) ** 2).mean()
+                    loss.backward()
+                    opt.step()
+            return loss
+        """, "epochs(N)", 6, 2.0, "torch"),
+]
 
 TIMED = """
 import time
@@ -96,35 +134,52 @@ def _run(cmd: list[str], cwd: str) -> float:
     return float(p.stdout.strip().splitlines()[-1])
 
 
-def overhead(tmp: str, rounds: int) -> None:
-    print(f"Steady-state overhead (min over {rounds} interleaved rounds, loop timed inside the script)")
-    for name, (setup, call, n) in WORKLOADS.items():
-        if "torch" in setup:
-            try:
-                import torch  # noqa: F401
-            except ImportError:
-                print(f"  {name:34s} skipped (no torch)")
-                continue
-        path = Path(tmp) / f"w{abs(hash(name))}.py"
-        path.write_text(TIMED.format(setup=textwrap.dedent(setup), call=call, n=n, repeats=3))
+def _have(module: str) -> bool:
+    if not module:
+        return True
+    return subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True).returncode == 0
+
+
+Row = tuple[str, str, str, str, str, str]
+
+
+def overhead(tmp: str, rounds: int) -> list[Row]:
+    rows: list[Row] = []
+    for w in WORKLOADS:
+        if not _have(w.needs):
+            rows.append((w.name, "-", "-", f"skipped (no {w.needs})", "", ""))
+            continue
+        path = Path(tmp) / f"w{abs(hash(w.name))}.py"
+        path.write_text(TIMED.format(setup=textwrap.dedent(w.setup), call=w.call, n=w.n, repeats=5))
         plain = under = float("inf")
         for _ in range(rounds):
             plain = min(plain, _run([sys.executable, str(path)], tmp))
-            under = min(under, _run([sys.executable, "-m", "sojourn.execution", "--repo", f"{tmp}/repo", "run", str(path)], tmp))
-        per = 1e9 / n
-        print(f"  {name:34s} python {plain * per:9.1f} ns/iter | sojourn {under * per:9.1f} ns/iter | {100 * (under / plain - 1):+6.1f}%")
+            under = min(under, _run([sys.executable, "-m", "sojourn.execution", "--repo", f"{tmp}/repo", "run",
+                                     str(path)], tmp))
+        pct = 100 * (under / plain - 1)
+        unit, scale = ("ns/iter", 1e9 / w.n) if w.n > 100 else ("ms/epoch", 1e3 / w.n)
+        target = f"<= {w.target:g}%" if w.target is not None else "-"
+        ok = "" if w.target is None else ("ok" if pct <= w.target else "OVER")
+        rows.append((f"{w.name} ({unit})", f"{plain * scale:.1f}", f"{under * scale:.1f}", f"{pct:+.1f}%", target, ok))
+    return rows
 
 
-def startup(tmp: str, rounds: int) -> None:
+def startup(tmp: str, rounds: int) -> list[Row]:
     path = Path(tmp) / "hello.py"
     path.write_text("print('hello')\n")
+
     def wall(cmd: list[str]) -> float:
         t0 = time.perf_counter()
         subprocess.run(cmd, cwd=tmp, env=ENV, capture_output=True, check=True)
         return time.perf_counter() - t0
-    plain = min(wall([sys.executable, str(path)]) for _ in range(rounds))
-    under = min(wall([sys.executable, "-m", "sojourn.execution", "--repo", f"{tmp}/repo", "run", str(path)]) for _ in range(rounds))
-    print(f"Start-up of a small script: python {plain * 1e3:.0f} ms | sojourn {under * 1e3:.0f} ms | +{(under - plain) * 1e3:.0f} ms")
+
+    plain = under = float("inf")
+    for _ in range(rounds):
+        plain = min(plain, wall([sys.executable, str(path)]))
+        under = min(under, wall([sys.executable, "-m", "sojourn.execution", "--repo", f"{tmp}/repo", "run", str(path)]))
+    extra = (under - plain) * 1e3
+    return [("start-up of a small script (ms)", f"{plain * 1e3:.0f}", f"{under * 1e3:.0f}", f"+{extra:.0f} ms",
+             "<= +300 ms", "ok" if extra <= 300 else "OVER")]
 
 
 LATENCY = """
@@ -148,7 +203,7 @@ while True:
 """
 
 
-def latency(tmp: str, rounds: int) -> None:
+def latency(tmp: str, rounds: int) -> list[Row]:
     driver = Path(tmp) / "driver.py"
     driver.write_text(LATENCY)
     spin = Path(tmp) / "spin.py"
@@ -168,23 +223,32 @@ def latency(tmp: str, rounds: int) -> None:
                 samples.append(float(line.split()[1]) - t_send)
     samples.sort()
     med = samples[len(samples) // 2]
-    print(f"Signal -> paused at a statement boundary (pure-Python loop), {len(samples)} runs: "
-          f"median {med * 1e3:.3f} ms, max {samples[-1] * 1e3:.3f} ms")
+    return [(f"signal -> paused, median of {len(samples)} (ms)", "-", f"{med * 1e3:.3f}",
+             f"max {samples[-1] * 1e3:.3f}", "<= 5 ms", "ok" if samples[-1] <= 0.005 else "OVER")]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--only", choices=["overhead", "startup", "latency"])
     args = ap.parse_args()
-    print(f"Python {sys.version.split()[0]} on {os.cpu_count()} CPUs")
+    rows: list[Row] = []
     with tempfile.TemporaryDirectory() as tmp:
         if args.only in (None, "startup"):
-            startup(tmp, max(args.rounds, 5))
+            rows += startup(tmp, max(args.rounds, 5))
         if args.only in (None, "latency"):
-            latency(tmp, max(args.rounds, 5))
+            rows += latency(tmp, max(args.rounds, 5))
         if args.only in (None, "overhead"):
-            overhead(tmp, args.rounds)
+            rows += overhead(tmp, args.rounds)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"Python {sys.version.split()[0]} on {os.cpu_count()} CPUs (load {load:.1f}); min over {args.rounds} "
+          "interleaved rounds")
+    head: Row = ("measure", "python", "sojourn", "overhead", "target", "")
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(6)]
+    for i, r in enumerate([head, *rows]):
+        print("| " + " | ".join(c.ljust(widths[k]) for k, c in enumerate(r)) + " |")
+        if i == 0:
+            print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
 
 
 if __name__ == "__main__":

@@ -6,14 +6,17 @@ from __future__ import annotations
 import ast
 import builtins
 import contextlib
+import dis
 import io
 import json
 import subprocess
 import textwrap
+from typing import Any
 
 import pytest
 
 from sojourn.execution import transform as T
+from sojourn.execution.checks import instrument
 from sojourn.execution.runtime import compile_source
 from tests.conftest import SRC, interpreters
 
@@ -152,6 +155,27 @@ CASES = {
         except* TypeError as eg:
             print("type", eg.exceptions)
     """,
+    "enumerate and zip in for headers": """
+        log = []
+        class Seq:
+            def __init__(self, n):
+                self.n = n
+            def __iter__(self):
+                log.append(f"iter {self.n}")
+                return iter(range(self.n))
+        def start():
+            log.append("start")
+            return 10
+        s = 5
+        for i, v in enumerate(Seq(3), s):
+            log.append((i, v))
+        for a, b in zip(Seq(2), Seq(4), strict=False):
+            log.append((a, b))
+        for i, v in enumerate(Seq(2), start()):
+            log.append((i, v))
+        pairs = [(a, b) for a, b in zip("ab", Seq(2))]
+        print(log, pairs)
+    """,
     "match": """
         def m(x):
             match x:
@@ -191,9 +215,9 @@ def test_normal_form_computes_the_same(name: str) -> None:
     source = textwrap.dedent(CASES[name])
     plain = _run(compile(source, "case.py", "exec"), {})
     tree, layout, _ = T.normalise(source, "__main__", "case.py")
-    T.instrument(tree)
+    instrument(tree)
     ast.fix_missing_locations(tree)
-    normal = _run(compile(tree, "case.py", "exec"), {T.FLAG: False, T.ITER: iter})
+    normal = _run(compile(tree, "case.py", "exec"), {T.FLAG: None, T.ITER: iter, T.OOMTYPES: ()})
     assert normal == plain
     assert not layout.ambiguous
 
@@ -207,10 +231,39 @@ def test_hoisting_keeps_the_last_call_in_place_and_earlier_ones_in_temporaries()
     assert kinds.count("call") >= 3 and kinds.count("foriter") >= 1
 
 
+def test_enumerate_and_zip_pass_their_iterables_through_the_iterator_hook() -> None:
+    src = "for i, b in enumerate(loader, 1):\n    pass\nfor a, b in zip(xs, ys, strict=True):\n    pass\n"
+    text = ast.unparse(T.normalise(src, "m", "m.py")[0])
+    assert "= __sojourn_iter__(loader)" in text and "= __sojourn_iter__(xs)" in text and "= __sojourn_iter__(ys)" in text
+    # A module that binds the name itself, or an argument that must be evaluated first, keeps
+    # the call as written.
+    shadowed = ast.unparse(T.normalise("from mytools import enumerate\n" + src, "m", "m.py")[0])
+    assert "__sojourn_iter__(loader)" not in shadowed and "__sojourn_iter__(xs)" in shadowed
+    later = ast.unparse(T.normalise("for i, b in enumerate(loader, start()):\n    pass\n", "m", "m.py")[0])
+    assert "__sojourn_iter__(loader)" not in later
+
+
+def test_statements_are_guarded_for_out_of_memory_without_an_instruction_more() -> None:
+    src = "def f(xs):\n    'doc'\n    t = 0\n    for x in xs:\n        t += x\n    return t\n"
+    tree, _, _ = T.normalise(src, "m", "m.py")
+    instrument(tree)
+    ast.fix_missing_locations(tree)
+    ns: dict[str, Any] = {T.FLAG: None, T.ITER: iter, T.OOMTYPES: ()}
+    exec(compile(tree, "m.py", "exec"), ns)
+    f = ns["f"]
+    assert f.__doc__ == "doc"
+    text = ast.unparse(tree)
+    # t = 0, the iterator's header, the for (its __next__), t += x, return t; not the docstring
+    assert text.count(f"except {T.OOMTYPES}:") == 5
+    # The guard's try shares its statement's line: no NOP is added.
+    assert "NOP" not in [i.opname for i in dis.get_instructions(f)]
+    assert f([1, 2, 3]) == 6
+
+
 def test_checks_go_at_loop_heads_and_entries_of_functions_that_call() -> None:
     src = "def leaf(x):\n    return x * 2\ndef caller(x):\n    '''doc'''\n    y = leaf(x)\n    for i in range(3):\n        y += i\n    return y\n"
     tree, _, _ = T.normalise(src, "m", "m.py")
-    T.instrument(tree)
+    instrument(tree)
     text = ast.unparse(tree)
     leaf, caller = text.split("def caller")
     leaf_body = leaf.split("def leaf")[1].split("\nif ")[0]

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "EXIT_OOM",
     "EXIT_PAUSED",
     "EXIT_PAUSE_FAILED",
     "PauseEvent",
@@ -25,8 +26,9 @@ __all__ = [
     "run_script",
 ]
 
-EXIT_PAUSED = 75
-EXIT_PAUSE_FAILED = 76
+EXIT_PAUSED = 75  # a pause landed and its capsule is written
+EXIT_PAUSE_FAILED = 76  # a SIGTERM pause could not land before its deadline
+EXIT_OOM = 77  # out of memory in a loop: a capsule positioned before the failing statement is written
 
 
 def __getattr__(name: str) -> Any:

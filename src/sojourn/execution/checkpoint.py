@@ -143,7 +143,8 @@ def label_data(rt: Runtime, pos: Position, reason: str) -> dict[str, Any]:
     }
 
 
-def write_capsule(rt: Runtime, pos: Position, config: PauseConfig, req: _Request, t_check: float) -> PauseEvent:
+def write_capsule(rt: Runtime, pos: Position, config: PauseConfig, req: _Request, t_check: float,
+                  low_memory: bool = False) -> PauseEvent:
     from sojourn.capsule.capture import capture_namespace
     from sojourn.execution.pause import PauseEvent
     from sojourn.repository.repo import open_repository
@@ -164,6 +165,10 @@ def write_capsule(rt: Runtime, pos: Position, config: PauseConfig, req: _Request
     set_capture(pos)
     try:
         with open_repository(config.repo, create=True) as repo:
+            if low_memory:
+                # After an out-of-memory error: each writer thread costs a stack, and a
+                # failed thread start would lose the capsule; two keep a disk busy enough.
+                repo.chunks.workers = min(repo.chunks.workers, 2)
             m = capture_namespace(rt.main.namespace, repo, files=config.files, parent=config.parent,
                                   labels=labels, extra=extra)
     finally:

@@ -9,6 +9,7 @@ lambdas, ``:=``) are left whole, and a pause inside one waits until its statemen
 from __future__ import annotations
 
 import ast
+import builtins
 from typing import Any
 
 
@@ -126,3 +127,42 @@ def inline_point(S: ast.stmt) -> ast.expr | None:
     name = value_field(S)
     points = inline_points(getattr(S, name, None)) if name else []
     return points[0] if len(points) == 1 else None
+
+
+# Builtins that call iter() on their arguments at once: a `for` over them passes those
+# arguments through the iterator hook first (see Normaliser._hook_wrapped_iterables).
+ITER_WRAPPERS = frozenset({"enumerate", "zip"})
+
+# Builtin exception classes that cannot catch a MemoryError or a RuntimeError (torch's OOM).
+_NOT_OOM = frozenset(
+    n for n, v in vars(builtins).items()
+    if isinstance(v, type) and issubclass(v, BaseException)
+    and not issubclass(MemoryError, v) and not issubclass(RuntimeError, v)
+)
+
+
+def may_catch_oom(handlers: list[ast.ExceptHandler]) -> bool:
+    """Whether one of these handlers may catch an out-of-memory error: yes unless each names
+    only builtin exceptions that cannot (a name of the program's own may alias anything)."""
+    for H in handlers:
+        names = H.type.elts if isinstance(H.type, ast.Tuple) else [H.type]
+        if any(not (isinstance(n, ast.Name) and n.id in _NOT_OOM) for n in names):
+            return True
+    return False
+
+
+def bound_names(tree: ast.Module) -> set[str]:
+    """Every name the module binds anywhere (assignments, parameters, imports, definitions)."""
+    out: set[str] = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load):
+            out.add(n.id)
+        elif isinstance(n, ast.arg):
+            out.add(n.arg)
+        elif isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            out.add(n.name)
+        elif isinstance(n, ast.alias):
+            out.add((n.asname or n.name).partition(".")[0])
+        elif isinstance(n, ast.Global | ast.Nonlocal):
+            out.update(n.names)
+    return out

@@ -12,7 +12,8 @@ thread sees it at its next pause check and tries, in order:
 A refused pause is logged (stderr is the session's log) and the program carries on. A pause
 that cannot land before its deadline is given up with a message that says why and where the
 program was. A capsule that is written ends the process with :data:`EXIT_PAUSED` (or, for a
-checkpoint, lets it carry on).
+checkpoint, lets it carry on). An out-of-memory error escaping a statement of the program
+goes through :mod:`oom` and ends it with :data:`~sojourn.execution.oom.EXIT_OOM`.
 """
 
 from __future__ import annotations
@@ -33,6 +34,18 @@ from sojourn.execution.runtime import RUNTIME, Runtime, TransformedModule
 
 EXIT_PAUSED = 75  # a capsule was written; `resume` carries on (EX_TEMPFAIL)
 EXIT_PAUSE_FAILED = 76  # a pause had to be taken (SIGTERM) but could not be before its deadline
+EXIT_OOM = 77  # out of memory inside a loop: a capsule positioned before the failing statement (see oom)
+
+# Run just before the process ends with a capsule (os._exit skips atexit): e.g. DataLoader
+# workers are shut down, so that they do not hold the session's output pipes open.
+_BEFORE_EXIT: list[Callable[[], None]] = []
+
+
+def before_exit(fn: Callable[[], None]) -> Callable[[], None]:
+    if fn not in _BEFORE_EXIT:
+        _BEFORE_EXIT.append(fn)
+    return fn
+
 
 @dataclass(frozen=True)
 class PauseEvent:
@@ -84,6 +97,9 @@ class PauseConfig:
         signal.SIGUSR1: ("exit", 120.0, "continue"),
     })
     scan_interval: float | None = 600.0
+    # Called with the error, in the main thread, before an out-of-memory capture (make room).
+    on_oom: Callable[[BaseException], None] | None = None
+    oom_reserve: int | None = None  # bytes held back for that capture (None: SOJOURN_OOM_RESERVE or 32 MiB)
 
 
 class PauseController:
@@ -100,6 +116,7 @@ class PauseController:
         self.skip = 0
         self._wake = threading.Event()
         self.history: list[PauseEvent] = []
+        self.oom_notes: dict[int, str] = {}  # id(error) -> why no out-of-memory capsule was taken
 
     # -- requests (any thread) ---------------------------------------------------------------------
 
@@ -250,6 +267,18 @@ class PauseController:
             message = str(e) if isinstance(e, CaptureError) else f"the capture failed: {type(e).__name__}: {e}"
             self._give_up(req, PauseRefusal(req.reason, message, problems))
             return
+        if event.action == "exit":
+            self.landed(event, EXIT_PAUSED,
+                        f"paused ({event.reason}, {event.seconds_to_pause * 1e3:.2f} ms after the request) at "
+                        f"{event.where}; capsule {event.capsule} ({event.size} bytes, written in "
+                        f"{event.seconds_capture * 1e3:.0f} ms); resume it to carry on")
+        self.landed(event, None, f"checkpoint {event.capsule} at {event.where}")
+        req.done.set()
+        self.rt.set_flag(False)
+
+    def landed(self, event: PauseEvent, exit_code: int | None, message: str) -> None:
+        """A capsule was written: tell the callback, log it, and end the process with
+        ``exit_code`` (None: a checkpoint, the program carries on)."""
         self.history.append(event)
         self.config.parent = event.capsule
         if self.config.on_capsule is not None:
@@ -257,15 +286,21 @@ class PauseController:
                 self.config.on_capsule(event)
             except Exception as e:  # the capsule is written; a failing callback must not lose it
                 self._log(f"on_capsule failed for {event.capsule}: {type(e).__name__}: {e}")
-        if event.action == "exit":
-            self._log(f"paused ({event.reason}, {event.seconds_to_pause * 1e3:.2f} ms after the request) at "
-                      f"{event.where}; capsule {event.capsule} ({event.size} bytes, written in "
-                      f"{event.seconds_capture * 1e3:.0f} ms); resume it to carry on")
-            _flush()
-            os._exit(EXIT_PAUSED)
-        self._log(f"checkpoint {event.capsule} at {event.where}")
-        req.done.set()
-        self.rt.set_flag(False)
+        self._log(message)
+        if exit_code is None:
+            return
+        for fn in list(_BEFORE_EXIT):
+            try:
+                fn()
+            except Exception as e:
+                self._log(f"cleanup before exit failed: {type(e).__name__}: {e}")
+        _flush()
+        os._exit(exit_code)
+
+    def at_oom(self, tm: TransformedModule, sid: int, frame: types.FrameType, header: bool) -> None:
+        from sojourn.execution import oom
+
+        oom.handle(self, tm, sid, frame, header)
 
     def _give_up(self, req: _Request, refusal: PauseRefusal) -> None:
         req.done.set()
@@ -298,10 +333,16 @@ class PauseController:
         else:
             print(f"sojourn: {message}", file=sys.stderr, flush=True)
 
+    log = _log
+
     # -- installation ------------------------------------------------------------------------------
 
     def install(self) -> None:
+        from sojourn.execution import oom
+
         self.rt.on_pause = self.at_check
+        self.rt.on_oom = self.at_oom
+        oom.RESERVE.hold(oom.reserve_size() if self.config.oom_reserve is None else self.config.oom_reserve)
         threading.Thread(target=self._watchdog, name="sojourn-deadline", daemon=True).start()
         for signum, (action, deadline, on_timeout) in self.config.signals.items():
             name = signal.Signals(signum).name

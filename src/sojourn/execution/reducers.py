@@ -193,6 +193,12 @@ def _class_reduce(cls: type, pickler: Any) -> Any:
     return (_make_class, (tm.name, cls.__qualname__, first), *state)
 
 
+# Classes made by any other metaclass (torch.autograd.Function's FunctionMeta, a library's
+# model metaclass...) come here too: the program's own travel by name or from its transform,
+# the others as before (the capsule's class reducer).
+register("builtins.type", subclasses=True)(_class_reduce)
+
+
 # -- generators -------------------------------------------------------------------------------------
 
 

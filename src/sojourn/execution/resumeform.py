@@ -31,6 +31,7 @@ import types
 from typing import TYPE_CHECKING, Any
 
 from sojourn.execution import transform as T
+from sojourn.execution.checks import instrument
 from sojourn.execution.expressions import inline_point
 from sojourn.execution.runtime import BOOT, walk_code
 
@@ -82,6 +83,7 @@ class _Cutter:
             branch = ast.If(test=first, body=self.block(S.body, path), orelse=normal)
             loop = ast.For(target=_n(v, S, ast.Store), iter=self._chain(_n(T.SENT, S), S),
                            body=[_loc(branch, S)], orelse=_copy(S.orelse), type_comment=None)
+            loop._sj_sid = sid  # type: ignore[attr-defined]  # its __next__ keeps the out-of-memory guard
             return [_loc(loop, S)]
         if isinstance(S, ast.While):
             if field == "orelse":
@@ -135,6 +137,7 @@ class _Cutter:
             first = _loc(ast.Assign(targets=[_n(v, S, ast.Store)], value=get), S)
             loop = ast.For(target=copy.deepcopy(S.target), iter=self._chain(_n(v, S), S), body=_copy(S.body),
                            orelse=_copy(S.orelse), type_comment=None)
+            loop._sj_sid = S._sj_sid  # type: ignore[attr-defined]
             done = ast.Compare(left=_n(v, S), ops=[ast.Is()], comparators=[_n(T.SENT, S)])
             return [first, _loc(ast.If(test=done, body=_copy(S.orelse) or [ast.Pass()], orelse=[_loc(loop, S)]), S)]
         if rec.mode == "yield":
@@ -163,7 +166,7 @@ class _Replace(ast.NodeTransformer):
 
 
 def _compile(tree: ast.Module, filename: str) -> types.CodeType:
-    T.instrument(tree)
+    instrument(tree)
     ast.fix_missing_locations(tree)
     return compile(tree, filename, "exec", dont_inherit=True)
 

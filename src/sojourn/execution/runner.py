@@ -71,18 +71,32 @@ def _prepare(script: Path, argv: Sequence[str]) -> types.ModuleType:
     else:
         sys.path.append(str(script.parent))
     importer.install([str(script.parent), os.getcwd()])
+    from sojourn.execution import loaders
+
+    loaders.install()
     return _new_main(script)
 
 
 def _config(repo: Any, on_capsule: Callable[[pause.PauseEvent], None] | None,
             on_refusal: Callable[[pause.PauseRefusal], None] | None, parent: str | None,
             files: str | None, labels: dict[str, Any] | None, signals: dict[int, tuple[str, float | None, str]] | None,
-            scan_interval: float | None) -> pause.PauseConfig:
+            scan_interval: float | None, on_oom: Callable[[BaseException], None] | None) -> pause.PauseConfig:
     cfg = pause.PauseConfig(repo=repo, files=files, parent=parent, labels=dict(labels or {}),
-                            on_capsule=on_capsule, on_refusal=on_refusal, scan_interval=scan_interval)
+                            on_capsule=on_capsule, on_refusal=on_refusal, scan_interval=scan_interval,
+                            on_oom=on_oom)
     if signals is not None:
         cfg.signals = dict(signals)
     return cfg
+
+
+def _run(ctl: pause.PauseController, code: types.CodeType, ns: dict[str, Any]) -> None:
+    from sojourn.execution import oom
+
+    try:
+        exec(code, ns)
+    except BaseException as e:
+        oom.report_uncaptured(ctl, e)
+        raise
 
 
 def run_script(
@@ -97,20 +111,25 @@ def run_script(
     labels: dict[str, Any] | None = None,
     signals: dict[int, tuple[str, float | None, str]] | None = None,
     scan_interval: float | None = 600.0,
+    on_oom: Callable[[BaseException], None] | None = None,
 ) -> int:
     """Run the script at ``path`` with ``argv`` as ``__main__`` in this process.
 
     Returns 0 when the script ends; its exceptions (``SystemExit`` included) propagate. When a
     pause lands, the capsule is written to ``repo``, ``on_capsule`` is called, and the process
     exits with :data:`~sojourn.execution.pause.EXIT_PAUSED`: this function does not return.
+    When an out-of-memory error escapes a statement inside a loop of the program,
+    ``on_oom(error)`` is called (make room for the capture), a capsule positioned before that
+    statement goes to ``on_capsule`` (reason ``"oom"``), and the process exits with
+    :data:`~sojourn.execution.oom.EXIT_OOM`.
     """
     script = Path(path).resolve()
     source = _read_source(script)
     main = _prepare(script, [str(path), *argv])
     tm = RUNTIME.load(source, "__main__", str(script), main.__dict__)
-    ctl = pause.start(_config(repo, on_capsule, on_refusal, parent, files, labels, signals, scan_interval))
+    ctl = pause.start(_config(repo, on_capsule, on_refusal, parent, files, labels, signals, scan_interval, on_oom))
     ctl.enabled = True
-    exec(tm.code, main.__dict__)
+    _run(ctl, tm.code, main.__dict__)
     return 0
 
 
@@ -154,6 +173,7 @@ def resume(
     signals: dict[int, tuple[str, float | None, str]] | None = None,
     scan_interval: float | None = 600.0,
     run: bool = True,
+    on_oom: Callable[[BaseException], None] | None = None,
 ) -> Any:
     """Carry on, in this (fresh) process, the program paused in capsule ``capsule_id``.
 
@@ -190,7 +210,8 @@ def resume(
                               f"statement layout than Python {info['python']} did; resume it with that version")
         ctl = None
         if run:  # signals that arrive while the capsule loads are held until the program runs
-            ctl = pause.start(_config(repo, on_capsule, on_refusal, manifest.id, None, labels, signals, scan_interval))
+            ctl = pause.start(_config(repo, on_capsule, on_refusal, manifest.id, None, labels, signals, scan_interval,
+                                      on_oom))
         top = int(info["main_top"])
         from sojourn.execution.checkpoint import definitions_before
 
@@ -210,9 +231,12 @@ def resume(
     if not run:
         return Resumed(manifest.id, sys.version.split()[0], info.get("where", ""), list(restored.notes),
                        {"prepare": t_defs - t0, "restore": restored.timings.get("total", 0.0), "total": t_end - t0})
+    from sojourn.execution import loaders
+
+    loaders.materialize()  # DataLoader iterators: replayed now, their workers started
     for note in restored.notes:
         print(f"sojourn: {note}", file=sys.stderr)
     assert ctl is not None
     ctl.enabled = True
-    exec(code, main.__dict__)
+    _run(ctl, code, main.__dict__)
     return 0

@@ -22,10 +22,17 @@ from pathlib import Path
 from typing import Any
 
 from sojourn.execution import transform as T
+from sojourn.execution.checks import instrument
 from sojourn.execution.contexts import WithReentry
 from sojourn.execution.iterhooks import iter_function
 
 PauseHook = Callable[["TransformedModule", int, types.FrameType], None]
+OomHook = Callable[["TransformedModule", int, types.FrameType, bool], None]
+
+# What a statement's out-of-memory guard catches: MemoryError, and RuntimeError because torch
+# reports a failed allocation as one (torch.OutOfMemoryError, or "can't allocate memory" on
+# the CPU). The hook tells them apart; anything else is re-raised untouched.
+OOM_TYPES = (MemoryError, RuntimeError)
 
 
 class _Sentinel:
@@ -82,8 +89,14 @@ def _cache_dir() -> Path | None:
 
 @functools.lru_cache(maxsize=1)
 def _transformer_hash() -> str:
-    # The cache must not outlive a change of the transform itself, even without a version bump.
-    return hashlib.sha256(Path(T.__file__).read_bytes()).hexdigest()[:16]
+    # The cache must not outlive a change of the transform itself, even without a version bump:
+    # the normaliser, the expression rules it follows and the checks and guards it inserts.
+    from sojourn.execution import checks, expressions
+
+    h = hashlib.sha256()
+    for mod in (T, expressions, checks):
+        h.update(Path(mod.__file__ or "").read_bytes())
+    return h.hexdigest()[:16]
 
 
 def compile_source(source: str, name: str, filename: str) -> tuple[types.CodeType, T.Layout]:
@@ -106,7 +119,7 @@ def compile_source(source: str, name: str, filename: str) -> tuple[types.CodeTyp
         except (OSError, ValueError, EOFError, pickle.UnpicklingError, TypeError):
             pass
     tree, layout, _ = T.normalise(source, name, filename)
-    T.instrument(tree)
+    instrument(tree)
     ast.fix_missing_locations(tree)
     code = compile(tree, filename, "exec", dont_inherit=True)
     if path is not None:
@@ -137,8 +150,9 @@ class Runtime:
         self.main_codes: set[types.CodeType] = set()
         self._scopes: dict[types.CodeType, tuple[TransformedModule, str]] = {}
         self.transparent_codes: set[types.CodeType] = {_reenter.__code__}
-        self.flag = False
+        self.flag: bool | None = None  # None: no pause pending (the checks test `is not None`)
         self.on_pause: PauseHook | None = None
+        self.on_oom: OomHook | None = None
         self.variants: dict[tuple[Any, ...], types.CodeType] = {}
         # Top-level def/class names of the main script that a resume defines again before it
         # restores the capsule: those travel by name (see reducers).
@@ -186,11 +200,14 @@ class Runtime:
         ns[T.SENT] = SENT
         ns[T.CHAIN] = itertools.chain
         ns[T.WITH] = WithReentry
+        ns[T.OOM] = _make_oom(self, tm)
+        ns[T.OOMTYPES] = OOM_TYPES
 
     def set_flag(self, value: bool) -> None:
-        self.flag = value
+        flag = True if value else None
+        self.flag = flag
         for tm in list(self.modules.values()):
-            tm.namespace[T.FLAG] = value
+            tm.namespace[T.FLAG] = flag
 
     def refresh_iter(self) -> None:
         fn = iter_function()
@@ -219,6 +236,15 @@ def _make_pause(rt: Runtime, tm: TransformedModule) -> Callable[[int], None]:
             hook(tm, sid, sys._getframe(1))
 
     return pause
+
+
+def _make_oom(rt: Runtime, tm: TransformedModule) -> Callable[..., None]:
+    def oom(sid: int, header: bool = False) -> None:
+        hook = rt.on_oom
+        if hook is not None:
+            hook(tm, sid, sys._getframe(1), header)
+
+    return oom
 
 
 def _reenter(rec: Any, stop: bool = False) -> Any:

@@ -20,11 +20,21 @@ deterministic walk of the normalized tree. Ids come from the source, never from 
 a position saved under one Python version means the same statement under another; a digest of
 the layout is kept with each capsule to refuse a resume if the trees ever differ.
 
-Pause checks (``if __sojourn_flag__: __sojourn_pause__(sid)``) read a module global, the
-cheapest flag CPython offers, and are placed where a running program must pass soon: at the
-head of every loop body, at the entry of every function that calls something (recursion), and
-before each module-level statement outside loops. Leaf functions and straight code inside
-functions carry none, which keeps a tight loop within a few per cent of plain Python.
+Pause checks (``if __sojourn_flag__ is not None: __sojourn_pause__(sid)``) read a module
+global, the cheapest flag CPython offers (``is not None`` compiles to one conditional jump on
+every version, where a truth test costs 3.13 an extra ``TO_BOOL``), and are placed where a
+running program must pass soon: at the head of every loop body, at the entry of every function
+that calls something (recursion), and before each module-level statement outside loops. Leaf
+functions and straight code inside functions carry none, which keeps a tight loop within a
+few per cent of plain Python.
+
+Out-of-memory guards: every simple statement with an id (an expression, an assignment, a
+``return``) and every ``for`` (whose ``__next__`` may run out of memory) is wrapped as
+``try: S`` / ``except __sojourn_oomtypes__: __sojourn_oom__(sid); raise``. A ``try`` costs
+nothing until something is raised (exception tables); the handler decides whether the error
+is an out-of-memory one the program can be paused at (see :mod:`oom`), and otherwise
+re-raises it unchanged. Both are inserted by :mod:`checks` after normalisation, so they take no
+statement id.
 """
 
 from __future__ import annotations
@@ -32,22 +42,24 @@ from __future__ import annotations
 import ast
 import copy
 import hashlib
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from sojourn.execution.expressions import (
+    ITER_WRAPPERS,
+    bound_names,
     children,
     get,
     hoistable,
     inline_point,
+    may_catch_oom,
     pure,
     put,
     static_callee,
     suspends,
 )
 
-TRANSFORM_VERSION = 1
+TRANSFORM_VERSION = 2
 
 # Names the runtime puts into every transformed module's globals. They end with "__" so that
 # private-name mangling in class bodies leaves them alone, and the capsule skips "__sojourn*".
@@ -60,6 +72,8 @@ SENT = "__sojourn_sent__"
 CHAIN = "__sojourn_chain__"
 WITH = "__sojourn_with__"
 REC = "__sojourn_rec__"
+OOM = "__sojourn_oom__"
+OOMTYPES = "__sojourn_oomtypes__"
 # Temporaries live in frames and must travel, so they are ordinary names (one underscore: no
 # mangling in methods).
 TEMP = "_sj_"
@@ -117,6 +131,7 @@ class Layout:
     with_cms: dict[int, str] = field(default_factory=dict)  # sid of a With -> its manager local
     classes: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # qualname -> (first, last line)
     toplevel: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)  # (kind, names)
+    catching: set[int] = field(default_factory=set)  # sids of try statements that may catch an OOM error
     digest: str = ""
     index: dict[tuple[str, Path], int] = field(default_factory=dict, repr=False, compare=False)
 
@@ -124,6 +139,23 @@ class Layout:
         st = self.stmts[sid]
         q = self.scopes[st.scope].qualname
         return f"{self.filename}:{st.line} in {q}"
+
+    def in_loop(self, sid: int) -> bool:
+        """Whether ``sid`` lies in the body of a loop of its own scope."""
+        return any(self.stmts[a].kind in ("For", "While") for a in self.ancestors(sid))
+
+    def guarded(self, sid: int) -> bool:
+        """Whether a ``try`` of its scope whose handlers may catch an out-of-memory error
+        encloses ``sid`` in its body (the program then handles the error itself)."""
+        if not self.catching:
+            return False
+        self.ancestors(sid)  # builds the index
+        st = self.stmts[sid]
+        for k in range(1, len(st.path)):
+            a = self.index.get((st.scope, st.path[:k]))
+            if a is not None and a in self.catching and st.path[k][0] == "body":
+                return True
+        return False
 
     def ancestors(self, sid: int) -> list[int]:
         """Statements that enclose ``sid`` in its scope, outermost first."""
@@ -201,10 +233,12 @@ class Normaliser:
     def __init__(self, module: str, filename: str, sha256: str):
         self.layout = Layout(module=module, filename=filename, sha256=sha256)
         self.defs: dict[str, ast.FunctionDef] = {}
+        self.builtin_wrappers: frozenset[str] = frozenset()
 
     # -- scopes -----------------------------------------------------------------------------------
 
     def module(self, tree: ast.Module) -> ast.Module:
+        self.builtin_wrappers = ITER_WRAPPERS - bound_names(tree)
         sc = Scope("<module>", "<module>", "module", None, 1)
         self.layout.scopes[sc.key] = sc
         tree.body = self.block(tree.body, _ScopeState(sc), (), "body", "all")
@@ -321,6 +355,7 @@ class Normaliser:
             self.classdef(S, sc)
             self.emit(S, sc, prefix, field_, out)
         elif isinstance(S, ast.For):
+            self._hook_wrapped_iterables(S)
             temps = self._pre(S.iter, sc, prefix, field_, out, lambda e: setattr(S, "iter", e), top=False)
             itv = sc.temp("it")
             call = ast.Call(func=_name(ITER, ast.Load, S), args=[S.iter], keywords=[])
@@ -367,6 +402,8 @@ class Normaliser:
             self._del([cm], S, sc, prefix, field_, out)
         elif isinstance(S, ast.Try):
             sid = self.emit(S, sc, prefix, field_, out)
+            if may_catch_oom(S.handlers):
+                self.layout.catching.add(sid)
             S.body = sub(S.body, sid, "body", inner)
             for h, H in enumerate(S.handlers):
                 if H.name is None:
@@ -376,6 +413,8 @@ class Normaliser:
             self._nested_defs(S.finalbody, sc)  # finally blocks run as written: no pause points
         elif isinstance(S, ast.TryStar):
             sid = self.emit(S, sc, prefix, field_, out)
+            if S.handlers:
+                self.layout.catching.add(sid)
             S.body = sub(S.body, sid, "body", inner)
             S.orelse = sub(S.orelse, sid, "orelse", inner)
             for H in S.handlers:
@@ -388,6 +427,30 @@ class Normaliser:
                 case.body = sub(case.body, sid, "body", inner, (("cases", c),))
         else:
             self.simple(S, sc, prefix, field_, out)
+
+    def _hook_wrapped_iterables(self, S: ast.For) -> None:
+        """``for i, b in enumerate(loader)``: the loader's iterator is made by ``enumerate``,
+        out of the iterator hook's sight. Call the hook on the iterables first
+        (``enumerate(__sojourn_iter__(loader))``), which is what ``enumerate`` and ``zip``
+        do themselves (they call ``iter()`` at once), when the names are the builtins (not
+        rebound in the module) and the other arguments are names or constants."""
+        call = S.iter
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in self.builtin_wrappers):
+            return
+        if any(isinstance(a, ast.Starred) for a in call.args) or any(
+            kw.arg is None or not pure(kw.value, False) for kw in call.keywords
+        ):
+            return
+        wrap = range(len(call.args)) if call.func.id == "zip" else range(min(1, len(call.args)))
+        if any(not pure(a, False) for i, a in enumerate(call.args) if i not in wrap):
+            return
+        for i in wrap:
+            arg = call.args[i]
+            hooked = ast.Call(func=_name(ITER, ast.Load, arg), args=[arg], keywords=[])
+            # A span no call of the source has (one column wide), so the site stays unique.
+            _set_span(hooked, arg.lineno, arg.col_offset, 1)
+            _set_span(hooked.func, arg.lineno, arg.col_offset, 1)
+            call.args[i] = hooked
 
     def _nested_defs(self, stmts: list[ast.stmt], sc: _ScopeState) -> None:
         holder = ast.Module(body=stmts, type_ignores=[])
@@ -532,39 +595,6 @@ def _defines(S: ast.stmt) -> tuple[str, tuple[str, ...]]:
     if isinstance(S, ast.Import | ast.ImportFrom):
         return (type(S).__name__, tuple((a.asname or a.name).partition(".")[0] for a in S.names))
     return (type(S).__name__, ())
-
-
-# -- checks -------------------------------------------------------------------------------------------
-
-
-def check_stmt(sid: int, at: ast.AST) -> ast.If:
-    call = ast.Call(func=ast.Name(id=PAUSE, ctx=ast.Load()), args=[ast.Constant(sid)], keywords=[])
-    node = ast.If(test=ast.Name(id=FLAG, ctx=ast.Load()), body=[ast.Expr(value=call)], orelse=[])
-    return located(ast.copy_location(node, at), at)  # type: ignore[no-any-return]
-
-
-def _stmt_lists(node: ast.AST) -> Iterator[tuple[Any, str]]:
-    for name in ("body", "orelse", "finalbody"):
-        value = getattr(node, name, None)
-        if isinstance(value, list) and value and isinstance(value[0], ast.stmt):
-            yield node, name
-    for h in getattr(node, "handlers", ()) or ():
-        yield h, "body"
-    for c in getattr(node, "cases", ()) or ():
-        yield c, "body"
-
-
-def instrument(node: ast.AST) -> ast.AST:
-    """Insert a pause check before every statement marked for one (in place)."""
-    for owner, name in list(_stmt_lists(node)):
-        out: list[ast.stmt] = []
-        for S in getattr(owner, name):
-            instrument(S)
-            if getattr(S, "_sj_check", False) and not getattr(S, "_sj_nocheck", False):
-                out.append(check_stmt(S._sj_sid, S))  # type: ignore[attr-defined]
-            out.append(S)
-        setattr(owner, name, out)
-    return node
 
 
 def normalise(source: str, module: str, filename: str) -> tuple[ast.Module, Layout, dict[str, ast.FunctionDef]]:
