@@ -226,13 +226,11 @@ def _handle(pickler: Any, storage: Any) -> _StorageHandle:
 
 def _byte_array(storage: Any) -> Any:
     """A writable uint8 array over a CPU storage's memory; it keeps the storage alive."""
-    torch = _torch()
-    try:
-        return torch.empty(0, dtype=torch.uint8).set_(storage).numpy()
-    except RuntimeError:  # torch built without numpy
-        arr = (ctypes.c_ubyte * storage.nbytes()).from_address(storage.data_ptr())
-        arr._sojourn_owner = storage  # type: ignore[attr-defined]
-        return arr
+    # Not via .numpy(): that marks the storage as not resizable, for good, and that both
+    # changes the user's tensor and sends later captures down _numpy_cover's slow path.
+    arr = (ctypes.c_ubyte * storage.nbytes()).from_address(storage.data_ptr())
+    arr._sojourn_owner = storage  # type: ignore[attr-defined]
+    return arr
 
 
 def _add_roots(roots: dict[int, tuple[int, int, Any]], objs: Iterable[Any], np: Any) -> None:
