@@ -15,6 +15,7 @@ import os
 import threading
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from sojourn.errors import AlreadyExists, ObjectNotFound, RepositoryError, RepositoryNotFound
@@ -190,17 +191,35 @@ class LocalBackend:
     def flush(self) -> None:
         with self._lock:
             dirty, self._dirty = self._dirty, set()
-        # Deepest first, so a new shard directory is durable before its parent's entry.
-        for d in sorted(dirty, key=lambda p: len(p.parts), reverse=True):
+        # Deepest first, so a new shard directory is durable before its parent's entry. A
+        # capture dirties up to 256 shard directories: they are synced together, which lets
+        # the filesystem fold them into few journal commits instead of paying one round
+        # trip to the disk after another.
+        by_depth: dict[int, list[Path]] = {}
+        for d in dirty:
+            by_depth.setdefault(len(d.parts), []).append(d)
+        for depth in sorted(by_depth, reverse=True):
+            level = sorted(by_depth[depth])
             try:
-                _fsync_dir(d)
+                if len(level) == 1:
+                    _fsync_dir(level[0])
+                else:
+                    with ThreadPoolExecutor(min(16, len(level)), thread_name_prefix="sojourn-fsync") as pool:
+                        list(pool.map(_fsync_dir, level))
             except OSError as e:
-                raise os_error(e, "syncing", d) from e
+                with self._lock:  # still not durable: the next flush must try them again
+                    self._dirty |= {d for ds in by_depth.values() for d in ds}
+                raise os_error(e, "syncing", getattr(e, "filename", None) or self.root) from e
 
 
 def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        if e.filename is None:
+            e.filename = str(path)
+        raise
