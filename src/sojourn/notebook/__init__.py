@@ -1,0 +1,1 @@
+"""Jupyter front end: the IPython extension (%sojourn) and the kernel provisioner."""

@@ -1,0 +1,1 @@
+"""Preemption notices (cloud metadata endpoints, Slurm, Kubernetes) turned into one pause request."""

@@ -1,0 +1,1 @@
+"""Where machines come from: one small interface (base.py), one module per provider."""
