@@ -126,3 +126,14 @@ def test_create_needs_an_existing_parent_and_a_directory(tmp_path: Path) -> None
     with pytest.raises(RepositoryNotFound, match="is not a directory"):
         LocalBackend(tmp_path / "file").create()
     assert not LocalBackend(tmp_path / "file").exists()
+
+
+def test_new_repository_records_the_chunk_store_default(tmp_path):
+    # repo.py writes the default without importing chunks.py (start-up time); keep them equal.
+    from sojourn.repository.chunks import DEFAULT_CHUNK_SIZE
+    from sojourn.repository.repo import open_repository
+
+    with open_repository(tmp_path / "r", create=True) as repo:
+        assert repo.config["chunk_size"] == DEFAULT_CHUNK_SIZE
+        assert repo._chunks is None  # built on first use only
+        assert repo.chunks.chunk_size == DEFAULT_CHUNK_SIZE

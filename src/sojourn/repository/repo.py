@@ -6,9 +6,8 @@ import json
 import os
 import secrets
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sojourn.errors import (
     AlreadyExists,
@@ -18,7 +17,9 @@ from sojourn.errors import (
     RepositoryNotFound,
 )
 from sojourn.repository.backend import Backend
-from sojourn.repository.chunks import DEFAULT_CHUNK_SIZE, ChunkStore
+
+if TYPE_CHECKING:
+    from sojourn.repository.chunks import ChunkStore
 
 REPO_FORMAT = "sojourn.repository"
 REPO_VERSION = 1
@@ -58,12 +59,23 @@ def backend_for(url: str) -> Backend:
     return LocalBackend(url)
 
 
-@dataclass
 class Repository:
-    backend: Backend
-    config: dict[str, Any]
-    key: bytes
-    chunks: ChunkStore
+    """An open repository. The chunk store (zstandard, blake3, a thread pool) is built on first
+    use: workspace commands (`ps`, `show`, a supervisor) never touch chunks and start faster."""
+
+    def __init__(self, backend: Backend, config: dict[str, Any], key: bytes, chunks: ChunkStore | None = None):
+        self.backend = backend
+        self.config = config
+        self.key = key
+        self._chunks = chunks
+
+    @property
+    def chunks(self) -> ChunkStore:
+        if self._chunks is None:
+            from sojourn.repository.chunks import DEFAULT_CHUNK_SIZE, ChunkStore
+
+            self._chunks = ChunkStore(self.backend, int(self.config.get("chunk_size", DEFAULT_CHUNK_SIZE)))
+        return self._chunks
 
     @property
     def url(self) -> str:
@@ -74,7 +86,8 @@ class Repository:
         return str(self.config["id"])
 
     def close(self) -> None:
-        self.chunks.close()
+        if self._chunks is not None:
+            self._chunks.close()
 
     def __enter__(self) -> Repository:
         return self
@@ -103,7 +116,7 @@ def open_repository(repo: str | os.PathLike[str] | None = None, *, create: bool 
     else:
         config = _parse_config(raw, url)
     key = _load_key(config["id"], create=raw is None)
-    return Repository(backend, config, key, ChunkStore(backend, int(config.get("chunk_size", DEFAULT_CHUNK_SIZE))))
+    return Repository(backend, config, key)
 
 
 def _initialise(backend: Backend) -> dict[str, Any]:
@@ -112,7 +125,7 @@ def _initialise(backend: Backend) -> dict[str, Any]:
         "format": REPO_FORMAT,
         "version": REPO_VERSION,
         "id": "repo_" + secrets.token_hex(8),
-        "chunk_size": DEFAULT_CHUNK_SIZE,
+        "chunk_size": 4 << 20,  # repository/chunks.py DEFAULT_CHUNK_SIZE; not imported here, see Repository
         "hash": "blake3",
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
