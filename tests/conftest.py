@@ -20,6 +20,21 @@ ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src"
 
 
+# Prepended to test scripts: ``kill_here(tag)`` sends the process a real signal at the points
+# named by the ``KILLS`` environment variable (each once).
+KILL_PRELUDE = """\
+import os as _os, signal as _signal
+_KILLS = _os.environ.get("KILLS", "")
+_KILLS = set(_KILLS.split(",")) if _KILLS else set()
+_SEEN = set()
+def kill_here(tag, sig=_signal.SIGTERM):
+    tag = str(tag)
+    if tag in _KILLS and tag not in _SEEN:
+        _SEEN.add(tag)
+        _os.kill(_os.getpid(), sig)
+"""
+
+
 @pytest.fixture(autouse=True)
 def _isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Keys and the default repository live in a per-test SOJOURN_HOME."""

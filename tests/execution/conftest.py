@@ -24,22 +24,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import KILL_PRELUDE as PRELUDE
 from tests.conftest import SRC, interpreters
 
 EXIT_PAUSED = 75
 
-# Prepended to every test script: a real signal sent to itself at chosen points.
-PRELUDE = """\
-import os as _os, signal as _signal
-_KILLS = _os.environ.get("KILLS", "")
-_KILLS = set(_KILLS.split(",")) if _KILLS else set()
-_SEEN = set()
-def kill_here(tag, sig=_signal.SIGTERM):
-    tag = str(tag)
-    if tag in _KILLS and tag not in _SEEN:
-        _SEEN.add(tag)
-        _os.kill(_os.getpid(), sig)
-"""
 
 
 def script_text(body: str) -> str:

@@ -23,19 +23,8 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import KILL_PRELUDE as PRELUDE
 from tests.conftest import SRC
-
-PRELUDE = """\
-import os as _os, signal as _signal
-_KILLS = _os.environ.get("KILLS", "")
-_KILLS = set(_KILLS.split(",")) if _KILLS else set()
-_SEEN = set()
-def kill_here(tag, sig=_signal.SIGTERM):
-    tag = str(tag)
-    if tag in _KILLS and tag not in _SEEN:
-        _SEEN.add(tag)
-        _os.kill(_os.getpid(), sig)
-"""
 
 WS_RE = re.compile(r"workspace (ws_[0-9a-f]+)")
 
