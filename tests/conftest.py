@@ -42,6 +42,9 @@ def _isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
     monkeypatch.setenv("SOJOURN_HOME", str(home))
     monkeypatch.delenv("SOJOURN_REPO", raising=False)
     monkeypatch.delenv("SOJOURN_KEY", raising=False)
+    # A supervisor inside a Slurm job or a pod would take SIGUSR1/SIGTERM as a preemption
+    # notice; tests that want notices set this themselves.
+    monkeypatch.setenv("SOJOURN_NOTICES", "none")
 
 
 @pytest.fixture
