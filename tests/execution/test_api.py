@@ -31,7 +31,11 @@ def watcher():
         request_pause("spot notice", deadline=5, action="exit", on_timeout="exit")
     else:
         request_pause("checkpoint", action="continue")
-        time.sleep(0.2)
+        # The checkpoint lands while the program runs (a first capture takes ~0.3 s; more
+        # on a loaded machine): its status must go back to "nothing pending".
+        deadline = time.monotonic() + 20
+        while pause_status().get("pending") and time.monotonic() < deadline:
+            time.sleep(0.05)
         print("STATUS", json.dumps(pause_status()), file=sys.stderr, flush=True)
 
 threading.Thread(target=watcher, daemon=True).start()
@@ -45,7 +49,7 @@ total = 0
 for i in range(30):
     total += i
     print(i, total, sys.argv[1:], flush=True)
-    time.sleep(0.03)
+    time.sleep(0.06)
 print("done", total)
 """
 

@@ -44,7 +44,7 @@ def recorded() -> Iterator[tuple[Repository, Recording]]:
     repo = open_repository(url, create=True)
     rec = Recording(repo.backend)
     repo.backend = rec  # type: ignore[assignment]
-    repo.chunks = ChunkStore(rec, chunk_size=1 << 20)  # type: ignore[arg-type]
+    repo._chunks = ChunkStore(rec, chunk_size=1 << 20)  # type: ignore[arg-type]  # chunks is a lazy property
     yield repo, rec
     repo.close()
     MemoryBackend(url.removeprefix("memory://")).clear()

@@ -28,6 +28,7 @@ from sojourn.capsule.reducers.rng import capture_process_state
 from sojourn.capsule.scan import problems_with_paths
 from sojourn.errors import CaptureError, Problem
 from sojourn.repository.chunks import WriteStats
+from sojourn.repository.locks import holds_capture_lock
 from sojourn.repository.repo import Repository
 
 # Names a module or a notebook defines for itself: they describe the running process, not
@@ -105,6 +106,7 @@ def _problems_message(problems: list[Problem]) -> str:
     return "\n".join(lines)
 
 
+@holds_capture_lock  # gc never deletes a chunk this capture reuses (repository/locks.py)
 def capture_namespace(
     namespace: dict[str, Any],
     repo: Repository,

@@ -25,11 +25,22 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from sojourn.cli import capsule_cmds, session_cmds
+    from sojourn.cli import capsule_cmds, history_cmds, session_cmds
 
     cli.add_command(capsule_cmds.inspect_cmd)
     cli.add_command(capsule_cmds.verify_cmd)
+    from sojourn.cli import machine_cmds
+
+    cli.add_command(machine_cmds.machines_cmd)
     session_cmds.register(cli)
+    from sojourn.cli import offer_cmds
+
+    offer_cmds.register(cli)
+    for cmd in (history_cmds.fork_cmd, history_cmds.history_cmd, history_cmds.gc_cmd):
+        cli.add_command(cmd)
+    from sojourn.cli import move_cmds
+
+    cli.add_command(move_cmds.move_cmd)
 
 
 _register()

@@ -36,7 +36,38 @@ def _echo(stream: str, data: bytes) -> None:
 
 def _started(start: Any) -> None:
     verb = f"resumed from {start.capsule}" if start.capsule else "started"
-    _say(f"workspace {start.workspace} ({start.name}) {verb}; `sojourn suspend {start.workspace}` pauses it")
+    where = f" on {start.machine} (in {start.scratch})" if getattr(start, "machine", None) else ""
+    _say(f"workspace {start.workspace} ({start.name}) {verb}{where}; `sojourn suspend {start.workspace}` pauses it")
+
+
+def _detached(d: Any, as_json: bool = False) -> None:
+    """A detached run: its workspace id on stdout, how to follow it on stderr."""
+    if as_json:
+        emit_json({"ok": True, **d.to_json()})
+        return
+    click.echo(d.workspace)
+    verb = f"resumed from {d.capsule}" if d.capsule else "started"
+    _say(f"workspace {d.workspace} ({d.name}) {verb} on {d.machine} in the background (pid "
+         f"{d.handle.get('data', {}).get('pid')}); `sojourn logs -f {d.workspace}` follows it, "
+         f"`sojourn suspend {d.workspace}` pauses it")
+
+
+machine_options = [
+    click.option("--on", "on", default=None, metavar="MACHINE",
+                 help="Run on a machine of `sojourn machines`: in its own scratch directory, on a copy of the "
+                      "working directory's files, with its Python and limits."),
+    click.option("--max-duration", default=None, metavar="DURATION",
+                 help="Hard stop, e.g. 2h, 90m, 30s: the session is suspended then (default: the machine's)."),
+    click.option("--detach", is_flag=True,
+                 help="Start the supervisor in the background on the machine (default: local) and print the "
+                      "workspace id; `sojourn logs -f WS` follows it."),
+]
+
+
+def _machine_options(f: Any) -> Any:
+    for opt in reversed(machine_options):
+        f = opt(f)
+    return f
 
 
 def _finish(result: Any) -> None:
@@ -47,6 +78,9 @@ def _finish(result: Any) -> None:
         _say(f"workspace {ws} ran out of memory at {cap.where}; its state is in capsule {cap.id} "
              f"({human_size(cap.size)}), positioned at the failing statement. Resume it with more memory: "
              f"`sojourn resume {ws}` (without --memory, or with a bigger one)")
+    elif result.reason == "hard-stop" and result.state == "suspended" and cap is not None and cap.verified:
+        _say(f"workspace {ws} reached its hard stop and was suspended at {cap.where}: capsule {cap.id} "
+             f"({human_size(cap.size)}, checked); `sojourn resume {ws}` carries on ({result.detail.split(':')[0]})")
     elif result.state == "suspended" and cap is not None and cap.verified:
         _say(f"workspace {ws} suspended at {cap.where}: capsule {cap.id} ({human_size(cap.size)}, checked); "
              f"`sojourn resume {ws}` carries on")
@@ -62,10 +96,11 @@ def _finish(result: Any) -> None:
 @click.option("--memory", default=None, help="Memory limit of the session, e.g. 512MiB or 4G.")
 @click.option("--scan-interval", type=float, default=600.0, show_default=True,
               help="Seconds between background checks that warn about state a pause would refuse (0: never).")
+@_machine_options
 @click.argument("script")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run_cmd(repo: str | None, name: str | None, python: str | None, memory: str | None, scan_interval: float,
-            script: str, args: tuple[str, ...]) -> None:
+            on: str | None, max_duration: str | None, detach: bool, script: str, args: tuple[str, ...]) -> None:
     """Run SCRIPT with ARGS as __main__ in the current directory, in a new workspace.
 
     SIGTERM or SIGUSR1 (to this command or to the session), or `sojourn suspend`, pause it
@@ -73,7 +108,11 @@ def run_cmd(repo: str | None, name: str | None, python: str | None, memory: str 
     when it finishes, 75 when it paused, 77 when it ran out of memory and was captured.
     """
     result = ops.run(script, list(args), repo=repo, name=name, python=python, memory=memory,
-                     on_output=_echo, on_start=_started, scan_interval=scan_interval)
+                     on_output=_echo, on_start=_started, scan_interval=scan_interval, on=on,
+                     max_duration=max_duration, detach=detach)
+    if isinstance(result, ops.DetachedSession):
+        _detached(result)
+        return
     _finish(result)
 
 
@@ -83,9 +122,16 @@ def run_cmd(repo: str | None, name: str | None, python: str | None, memory: str 
 @click.option("--python", "python", default=None,
               help="Interpreter for the session (default: the one the workspace last ran with).")
 @click.option("--memory", default=None, help="Memory limit of the session, e.g. 512MiB or 4G (default: none).")
-def resume_cmd(workspace: str, repo: str | None, python: str | None, memory: str | None) -> None:
-    """Carry WORKSPACE on from its last capsule, in a new process, in the foreground."""
-    result = ops.resume(workspace, repo=repo, python=python, memory=memory, on_output=_echo, on_start=_started)
+@_machine_options
+def resume_cmd(workspace: str, repo: str | None, python: str | None, memory: str | None, on: str | None,
+               max_duration: str | None, detach: bool) -> None:
+    """Carry WORKSPACE on from its last capsule, in a new process, in the foreground (a
+    workspace that last ran on a machine goes back to it unless --on says another)."""
+    result = ops.resume(workspace, repo=repo, python=python, memory=memory, on_output=_echo, on_start=_started,
+                        on=on, max_duration=max_duration, detach=detach)
+    if isinstance(result, ops.DetachedSession):
+        _detached(result)
+        return
     _finish(result)
 
 
@@ -137,10 +183,10 @@ def ps_cmd(repo: str | None, as_json: bool) -> None:
     if as_json:
         emit_json([r.to_json() for r in rows])
         return
-    table(None, ["WORKSPACE", "NAME", "STATE", "WHERE", "LAST CAPSULE", "SIZE", "UPDATED"],
+    table(None, ["WORKSPACE", "NAME", "STATE", "WHERE", "LAST CAPSULE", "SIZE", "SPEND", "UPDATED"],
           [[r.id, r.name, r.state + (f" ({r.stop_reason})" if r.stop_reason and r.stop_reason != r.state else ""),
-            r.where, (r.last_capsule or "-")[:20], human_size(r.size) if r.size else "-", _when(r.updated)]
-           for r in rows])
+            r.where, (r.last_capsule or "-")[:20], human_size(r.size) if r.size else "-", f"${r.spend:.2f}",
+            _when(r.updated)] for r in rows])
 
 
 @click.command("show")
@@ -173,7 +219,16 @@ def show_cmd(workspace: str, repo: str | None, as_json: bool) -> None:
     table("allocations", ["ALLOCATION", "WHERE", "PID", "PYTHON", "START", "END", "STOP", "EXIT", "MAX RSS", "SPEND"],
           [[a.id, f"{a.provider}:{a.machine}", a.session_pid or a.pid or "-", a.python_version or "-",
             _when(a.started), _when(a.ended), a.stop_reason or "running", "-" if a.exit_code is None else a.exit_code,
-            human_size(a.max_rss) if a.max_rss else "-", f"${a.spend:.2f}"] for a in rec.allocations])
+            human_size(a.max_rss) if a.max_rss else "-", _spend(a)] for a in rec.allocations])
+    _show_machines(rec)
+    if rec.files:
+        f = rec.files
+        table(f"files ({f.get('count')} file(s), {human_size(int(f.get('bytes') or 0))}, in {f.get('capsule')})",
+              ["PATH", "SIZE", "MODE", "HASH"],
+              [[e["path"], human_size(e["size"]), oct(e["mode"]), (e.get("hash") or e.get("target", ""))[:16]]
+               for e in detail.files[:50]])
+        if len(detail.files) > 50:
+            click.echo(f"... and {len(detail.files) - 50} more (`sojourn show --json` lists every file)")
     if rec.capsules:
         table("capsules", ["CAPSULE", "REASON", "WHERE", "SIZE", "CHECK"],
               [[k.id, k.reason, k.where, human_size(k.size), "ok" if k.verified else f"FAILED: {k.error}"]
@@ -181,6 +236,20 @@ def show_cmd(workspace: str, repo: str | None, as_json: bool) -> None:
     table("events", ["#", "TIME", "EPOCH", "EVENT"],
           [[e["seq"], _when(e.get("t")), e.get("epoch"), ("(stale) " if e.get("stale") else "") + describe_event(e)]
            for e in detail.events])
+
+
+def _spend(a: Any) -> str:
+    if a.price_per_hour and a.ended is None:
+        return f"${a.price_per_hour:.2f}/h"
+    return f"${a.spend:.2f}" if a.spend >= 0.01 or not a.spend else f"${a.spend:.4f}"
+
+
+def _show_machines(rec: Any) -> None:
+    """Where each allocation on a machine ran: the offer, its scratch directory, its hard stop."""
+    rows = [[a.id, a.machine, f"${a.price_per_hour:.2f}/h", _when(a.hard_stop) if a.hard_stop else "-",
+             a.scratch] for a in rec.allocations if a.scratch]
+    if rows:
+        table("machines", ["ALLOCATION", "MACHINE", "PRICE", "HARD STOP", "SCRATCH"], rows)
 
 
 @click.command("logs")

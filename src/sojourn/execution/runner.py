@@ -174,12 +174,16 @@ def resume(
     scan_interval: float | None = 600.0,
     run: bool = True,
     on_oom: Callable[[BaseException], None] | None = None,
+    files: str | None = None,
+    before_run: Callable[[], None] | None = None,
 ) -> Any:
     """Carry on, in this (fresh) process, the program paused in capsule ``capsule_id``.
 
     Returns 0 when the program ends (or, with ``run=False``, a :class:`Resumed` once everything
     is restored and checked, without running anything). Later pauses write capsules whose parent
-    is ``capsule_id``.
+    is ``capsule_id``, with the files under ``files`` when given (like ``run_script``).
+    ``before_run()`` is called once everything is restored and checked, before the first
+    statement runs.
     """
     import time
 
@@ -210,7 +214,7 @@ def resume(
                               f"statement layout than Python {info['python']} did; resume it with that version")
         ctl = None
         if run:  # signals that arrive while the capsule loads are held until the program runs
-            ctl = pause.start(_config(repo, on_capsule, on_refusal, manifest.id, None, labels, signals, scan_interval,
+            ctl = pause.start(_config(repo, on_capsule, on_refusal, manifest.id, files, labels, signals, scan_interval,
                                       on_oom))
         top = int(info["main_top"])
         from sojourn.execution.checkpoint import definitions_before
@@ -234,6 +238,8 @@ def resume(
     from sojourn.execution import loaders
 
     loaders.materialize()  # DataLoader iterators: replayed now, their workers started
+    if before_run is not None:  # restored and checked: a move's destination waits for its go here
+        before_run()
     for note in restored.notes:
         print(f"sojourn: {note}", file=sys.stderr)
     assert ctl is not None

@@ -16,7 +16,10 @@ from sojourn.ops.capsules import (
     scan,
     verify,
 )
+from sojourn.ops.history import fork, gc, history
+from sojourn.ops.machines import MachineInfo, machines, remove_machine, set_machine
 from sojourn.ops.workspaces import (
+    DetachedSession,
     WorkspaceDetail,
     WorkspaceLog,
     follow_logs,
@@ -31,6 +34,8 @@ from sojourn.ops.workspaces import (
 __all__ = [
     "CapsuleInfo",
     "CapsuleRef",
+    "DetachedSession",
+    "MachineInfo",
     "PathLike",
     "VariableInfo",
     "VerifyReport",
@@ -38,13 +43,19 @@ __all__ = [
     "WorkspaceLog",
     "capture",
     "follow_logs",
+    "fork",
+    "gc",
+    "history",
     "inspect",
     "logs",
+    "machines",
     "ps",
+    "remove_machine",
     "restore",
     "resume",
     "run",
     "scan",
+    "set_machine",
     "show",
     "suspend",
     "verify",

@@ -5,7 +5,7 @@ cheap as it was."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sojourn.repository.repo import open_repository
@@ -15,7 +15,10 @@ PathLike = str | os.PathLike[str]
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
+    from sojourn.providers.base import Offer
     from sojourn.workspace.logs import LogRecord
+    from sojourn.workspace.machine import MachineSpec
+    from sojourn.workspace.onmachine import Prepared
     from sojourn.workspace.records import WorkspaceRecord
     from sojourn.workspace.sessions import (
         SessionResult,
@@ -33,9 +36,10 @@ class WorkspaceDetail:
 
     record: WorkspaceRecord
     events: list[dict[str, Any]]
+    files: list[dict[str, Any]] = field(default_factory=list)  # the file manifest: path, size, mode, hash
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.record.to_json(), "events": self.events}
+        return {**self.record.to_json(), "events": self.events, "file_list": self.files}
 
 
 @dataclass
@@ -83,16 +87,36 @@ def run(
     on_output: Callable[[str, bytes], None] | None = None,
     on_start: Callable[[SessionStart], None] | None = None,
     scan_interval: float = 600.0,
-) -> SessionResult:
+    on: str | None = None,
+    max_duration: str | float | None = None,
+    detach: bool = False,
+) -> SessionResult | DetachedSession:
     """Run ``script`` with ``args`` as ``__main__`` in a new workspace, in a session process
     (under ``python``, with an optional memory limit), until it finishes or pauses.
-    ``on_output(stream, bytes)`` receives the program's output as it comes."""
-    from sojourn.workspace import sessions
+    ``on_output(stream, bytes)`` receives the program's output as it comes.
 
+    ``on``: a machine of the repository's machines config: the session runs in its scratch
+    directory on a copy of the working directory's files, with its interpreter and limits.
+    ``max_duration`` (``"2h"``, seconds): the hard stop, after which the session is suspended.
+    ``detach``: the supervisor runs in the background on the machine (default ``local``); the
+    call returns a :class:`DetachedSession` once it has recorded its allocation."""
+    from sojourn.workspace import sessions
+    from sojourn.workspace.machine import parse_duration
+
+    limit = parse_duration(max_duration)
     with _Workspaces(repo, create=True) as store:
+        if detach:
+            from sojourn.workspace import onmachine
+
+            machine, offer = _machine(store, on or "local", limit, python, memory)
+            p = onmachine.prepare_run(store, script, list(args), machine=machine, name=name,
+                                      cwd=os.fspath(cwd) if cwd is not None else None)
+            return _launch(store, p, offer)
+        spec = _machine(store, on, limit, python, memory)[0] if on else None
         return sessions.run(store, script, list(args), name=name, python=python,
                             cwd=os.fspath(cwd) if cwd is not None else None, memory=sessions.parse_size(memory),
-                            on_output=on_output, on_start=on_start, scan_interval=scan_interval)
+                            on_output=on_output, on_start=on_start, scan_interval=scan_interval,
+                            machine=spec, max_duration=limit)
 
 
 def resume(
@@ -105,14 +129,106 @@ def resume(
     on_output: Callable[[str, bytes], None] | None = None,
     on_start: Callable[[SessionStart], None] | None = None,
     scan_interval: float = 600.0,
-) -> SessionResult:
-    """Carry a suspended workspace on from its last good capsule in a new session process."""
-    from sojourn.workspace import sessions
+    on: str | None = None,
+    max_duration: str | float | None = None,
+    detach: bool = False,
+) -> SessionResult | DetachedSession:
+    """Carry a suspended workspace on from its last good capsule in a new session process.
 
+    ``on``: a machine (see :func:`run`); without it, a workspace that last ran on a machine of
+    the config goes back to that machine, and any other resumes where it ran."""
+    from sojourn.workspace import sessions
+    from sojourn.workspace.machine import parse_duration
+
+    limit = parse_duration(max_duration)
     with _Workspaces(repo) as store:
+        if on is None and python is None and memory is None:
+            on = _last_machine(store, workspace)
+        if detach:
+            from sojourn.workspace import onmachine
+
+            machine, offer = _machine(store, on or "local", limit, python, memory)
+            return _launch(store, onmachine.prepare_resume(store, workspace, machine=machine), offer)
+        spec = _machine(store, on, limit, python, memory)[0] if on else None
         return sessions.resume(store, workspace, python=python, cwd=os.fspath(cwd) if cwd is not None else None,
                                memory=sessions.parse_size(memory), on_output=on_output, on_start=on_start,
-                               scan_interval=scan_interval)
+                               scan_interval=scan_interval, machine=spec, max_duration=limit)
+
+
+@dataclass
+class DetachedSession:
+    """``run``/``resume`` with ``detach``: the supervisor runs in the background on a machine;
+    ``sojourn logs -f`` follows it, ``sojourn suspend`` pauses it."""
+
+    workspace: str
+    name: str
+    allocation: str
+    machine: str
+    capsule: str | None  # resumed from
+    handle: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _machine(store: WorkspaceStore, on: str, limit: float | None, python: str | None,
+             memory: int | str | None) -> tuple[MachineSpec, Offer]:
+    from sojourn.ops.machines import machine_for
+    from sojourn.workspace.errors import WorkspaceError
+
+    if python is not None or memory is not None:
+        raise WorkspaceError("--python and --memory set the session of a run without --on; a machine has its own "
+                             "interpreter and memory limit: change them with `sojourn machines set`")
+    return machine_for(store.repo, on, limit)
+
+
+def _last_machine(store: WorkspaceStore, workspace: str) -> str | None:
+    """The machine the workspace last ran on, when it is still in the config."""
+    from sojourn.providers.machines import has_config, load_machines
+
+    rec = store.record(store.resolve(workspace), save=False)
+    a = rec.last_allocation
+    if a is None or a.scratch is None:
+        return None
+    if a.machine in load_machines(store.repo) and (has_config(store.repo) or a.machine == "local"):
+        return a.machine
+    return None
+
+
+def _launch(store: WorkspaceStore, p: Prepared, offer: Offer) -> DetachedSession:
+    """Start ``p``'s supervisor through the machine's provider; return once it recorded its
+    allocation (a launch that fails closes the allocation and leaves the workspace as it was)."""
+    from sojourn.providers.base import LaunchFailed, LaunchSpec, get_provider
+    from sojourn.workspace import onmachine
+    from sojourn.workspace.supervise import supervise_argv
+
+    provider = get_provider(p.machine.provider, store.repo)
+    argv = supervise_argv(store.repo.url, p.workspace, p.allocation, p.epoch, p.machine, p.capsule)
+    try:
+        handle = provider.launch(offer, LaunchSpec(p.workspace, p.allocation, argv,
+                                                   hard_stop=p.machine.max_duration, cwd=str(p.scratch)))
+    except LaunchFailed as e:
+        onmachine.abandon(store, p, f"the launch failed ({e.check}): {e}")
+        raise
+
+    def ended() -> str | None:
+        if provider.status(handle) != "ended":
+            return None
+        return "it exited" + _log_tail(handle)
+
+    a = onmachine.wait_attached(store, p, ended)
+    return DetachedSession(p.workspace, p.name, p.allocation, p.machine.name, p.capsule,
+                           a.handle or handle.to_json())
+
+
+def _log_tail(handle: Any) -> str:
+    path = handle.data.get("log")
+    try:
+        with open(path, "rb") as f:
+            lines = f.read()[-2000:].decode(errors="replace").strip().splitlines()
+    except (OSError, TypeError):
+        return ""
+    return f": {lines[-1]}" if lines else ""
 
 
 def suspend(
@@ -145,8 +261,10 @@ def show(workspace: str, repo: PathLike | None = None) -> WorkspaceDetail:
     from sojourn.workspace import sessions
 
     with _Workspaces(repo) as store:
+        from sojourn.workspace.files import list_files
+
         rec, events = sessions.show(store, workspace)
-        return WorkspaceDetail(rec, events)
+        return WorkspaceDetail(rec, events, list_files(store.repo, rec))
 
 
 def logs(workspace: str, repo: PathLike | None = None) -> WorkspaceLog:

@@ -157,6 +157,9 @@ _FACTORIES: dict[str, str] = {
     # name -> "module:attribute"; imported on first use so that `sojourn` starts fast and a
     # provider's library (SkyPilot...) is only needed by those who use it.
     "local": "sojourn.providers.local:LocalProvider",
+    "slurm": "sojourn.providers.slurm:SlurmProvider",
+    "ssh": "sojourn.providers.ssh:SshProvider",
+    "skypilot": "sojourn.providers.skypilot:SkyPilotProvider",
 }
 
 

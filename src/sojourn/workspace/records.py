@@ -82,6 +82,12 @@ class Allocation:
     max_rss: int | None = None  # bytes
     price_per_hour: float = 0.0
     spend: float = 0.0
+    # Issue 4, machines: the offer it runs on (name, price, limits), its scratch directory,
+    # the hard-stop deadline (unix time) and the provider's handle (pid, boot id, host...).
+    offer: dict[str, Any] | None = None
+    scratch: str | None = None
+    hard_stop: float | None = None
+    handle: dict[str, Any] | None = None
 
     @property
     def open(self) -> bool:
@@ -116,6 +122,7 @@ class WorkspaceRecord:
     taker: dict[str, Any] | None = None  # host and process that took the current epoch
     refusals: int = 0
     upto: int = 0  # sequence number of the last event folded in
+    files: dict[str, Any] | None = None  # the file manifest: the last `files` event (workspace/files.py)
 
     @property
     def current(self) -> Allocation | None:
@@ -228,6 +235,20 @@ def _authority(rec: WorkspaceRecord, ev: dict[str, Any]) -> None:
         rec.state = "running"
         rec.stop_reason = None
         rec.detail = ""
+    if ev.get("move") and isinstance(ev.get("capsule"), dict):
+        _moved_here(rec, ev)
+
+
+def _moved_here(rec: WorkspaceRecord, ev: dict[str, Any]) -> None:
+    """A move's commit is one event: the destination won the epoch after its restore checked
+    the capsule, so the capsule is verified and the source allocation stopped as ``moved``
+    (the source records the same, void once this is in; see docs/moves.md)."""
+    _capsule(rec, {**ev, "type": "capsule"})
+    src = rec.allocation(str(ev.get("from_allocation")))
+    if src is not None and src.open:
+        src.ended = float(ev.get("t", 0.0))
+        src.stop_reason = "moved"
+        src.detail = f"moved to {ev.get('holder')} (move {ev.get('move')}, epoch {ev.get('epoch')})"
 
 
 def _allocation(rec: WorkspaceRecord, ev: dict[str, Any]) -> None:
@@ -266,7 +287,11 @@ def _refused(rec: WorkspaceRecord, ev: dict[str, Any]) -> None:
 
 def _capsule(rec: WorkspaceRecord, ev: dict[str, Any]) -> None:
     entry = CapsuleEntry(**ev["capsule"])
-    rec.capsules.append(entry)
+    known = [i for i, c in enumerate(rec.capsules) if c.id == entry.id]
+    if known:  # a move's capsule, checked by the destination after the source wrote it
+        rec.capsules[known[0]] = entry
+    else:
+        rec.capsules.append(entry)
     if entry.verified:
         rec.last_capsule = entry
         if ev.get("distributions"):
@@ -297,7 +322,12 @@ def _stopped(rec: WorkspaceRecord, ev: dict[str, Any]) -> None:
         rec.pending = None
 
 
+def _files(rec: WorkspaceRecord, ev: dict[str, Any]) -> None:
+    rec.files = {k: ev.get(k) for k in ("capsule", "source", "count", "bytes", "allocation")}
+
+
 _HANDLERS = {
+    "files": _files,
     "authority": _authority,
     "allocation": _allocation,
     "started": _started,
@@ -306,6 +336,7 @@ _HANDLERS = {
     "refused": _refused,
     "capsule": _capsule,
     "stopped": _stopped,
+    "move": lambda rec, ev: setattr(rec, "pending", None),
 }
 
 
@@ -324,6 +355,10 @@ def describe_event(ev: dict[str, Any]) -> str:
         return f"created {ev.get('name')}: {c.get('script')} {' '.join(c.get('argv', []))}".rstrip()
     if t == "authority":
         return f"epoch {ev.get('epoch')} held by {ev.get('holder')} ({ev.get('reason', '')})"
+    if t == "move":
+        ms = f", paused {ev['paused_ms']:.0f} ms" if ev.get("paused_ms") is not None else ""
+        why = f": {ev['reason']}" if ev.get("reason") else ""
+        return f"move {ev.get('move')} {ev.get('outcome')} ({ev.get('source')} -> {ev.get('destination')}{ms}){why}"
     if t == "allocation":
         a = ev.get("allocation", {})
         src = f" from {a.get('capsule_in')}" if a.get("capsule_in") else ""
@@ -345,6 +380,8 @@ def describe_event(ev: dict[str, Any]) -> str:
     if t == "stopped":
         detail = f": {ev['detail']}" if ev.get("detail") else ""
         return f"{ev.get('allocation')} stopped ({ev.get('reason')}{detail}) -> {ev.get('state')}"
+    if t == "files":
+        return f"files: {ev.get('count')} file(s), {ev.get('bytes')} bytes from {ev.get('source')} in {ev.get('capsule')}"
     if t == "note":
         return str(ev.get("message", ""))
     return str(t)

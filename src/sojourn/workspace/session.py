@@ -23,6 +23,7 @@ import inspect
 import json
 import os
 import platform
+import queue
 import resource
 import sys
 import threading
@@ -47,6 +48,14 @@ def set_memory_limit(limit: int) -> None:
     resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
 
 
+def set_cpus(n: int) -> None:
+    """Run on the first ``n`` CPUs this process may use (a machine's ``cpus``); threads and
+    processes the program starts inherit it. Where the platform has no affinity, nothing."""
+    if hasattr(os, "sched_setaffinity"):
+        allowed = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, allowed[: max(1, n)])
+
+
 def lift_memory_limit() -> None:
     """Room to write the capsule after an out-of-memory error (the hard limit stays)."""
     _, hard = resource.getrlimit(resource.RLIMIT_DATA)
@@ -65,6 +74,15 @@ class Channel:
         self.lock = threading.Lock()
         self.orphan = False
         self.spill: str | None = None
+        # Moves (migrate.py): control messages the main thread waits for (a verdict while held
+        # at a boundary, the capsule and the go of an incoming session), the move being held,
+        # and the labels dict the engine stamps on capsules (its epoch changes with a move).
+        self.waits: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.hold_move: str | None = None
+        self.hold_timeout: float | None = None
+        self.holding = False
+        self.incoming = False  # an incoming session before its go: it never held the workspace
+        self.label: dict[str, Any] = {}
         for fd in (self.status_fd, self.control_fd, *self.output_fds):
             if fd is not None:
                 os.set_inheritable(fd, False)  # not into the program's own subprocesses
@@ -90,8 +108,46 @@ class Channel:
                "where": event.where, "size": event.size, "action": event.action,
                "seconds_to_pause": event.seconds_to_pause, "seconds_capture": event.seconds_capture,
                "max_rss": _max_rss()}
+        move = self.hold_move
+        if move is not None and event.reason == "move":
+            self.hold_move = None
+            since = time.perf_counter() - event.paused_at if event.paused_at else event.seconds_capture
+            self._hold({**msg, "move": move, "paused_wall": time.time() - since}, move)
+            return
         if not self.send(msg) and event.action == "exit":
             self._record_alone(msg)
+
+    def _hold(self, msg: dict[str, Any], move: str) -> None:
+        """A move's capsule is written: stay at this statement boundary until the verdict.
+        Exit when the destination won the epoch; carry on (under the epoch the abort took)
+        when the move failed."""
+        from sojourn.workspace.faults import fault
+
+        fault("move.session.after-capsule")
+        self.holding = True
+        sent = not self.orphan and self.send(msg)
+        fault("move.session.held")
+        verdict: dict[str, Any] = {"op": "eof"}
+        while sent:
+            verdict = self.waits.get()
+            if verdict.get("op") == "eof" or (verdict.get("op") == "verdict" and verdict.get("move") == move):
+                break
+        self.holding = False
+        if verdict.get("op") == "eof":  # no supervisor: settle the move here, record it, end
+            try:
+                from sojourn.workspace.migrate import decide_alone
+
+                decide_alone(self.ns.repo, self.ns.workspace, int(self.ns.epoch), self.ns.allocation, move, msg,
+                             self.hold_timeout, self.spill)
+            except Exception as e:
+                print(f"sojourn: move {move}: the held session could not settle it: {e}", file=sys.stderr)
+            exit_now(EXIT_HELD)
+        if verdict.get("go") == "exit":
+            fault("move.session.before-exit")
+            exit_now(EXIT_HELD)
+        if verdict.get("epoch") is not None:
+            self.ns.epoch = int(verdict["epoch"])
+            self.label["epoch"] = self.ns.epoch
 
     def on_refusal(self, refusal: Any) -> None:
         self.send({"event": "refusal", "reason": refusal.reason, "message": refusal.message,
@@ -112,6 +168,8 @@ class Channel:
             except OSError:
                 data = b""
             if not data:
+                if self.incoming:  # a move's destination that never held the workspace: just go
+                    os._exit(0)
                 self._supervisor_lost()
                 return
             buf += data
@@ -126,7 +184,16 @@ class Channel:
         from sojourn.execution import pause
 
         op = msg.get("op")
-        if op == "pause":
+        if op in ("verdict", "restore", "go"):
+            self.waits.put(msg)
+        elif op == "pause" and msg.get("hold"):
+            self.hold_move = str(msg["hold"])
+            self.hold_timeout = msg.get("timeout")
+            # Imported now, so that their first import is not paid while the program is paused.
+            import sojourn.capsule.capture
+            import sojourn.execution.checkpoint  # noqa: F401
+            self._request("move", msg.get("deadline"), "continue", "continue")
+        elif op == "pause":
             self._request(str(msg.get("reason", "request")), msg.get("deadline"),
                           str(msg.get("action", "exit")), str(msg.get("on_timeout", "continue")))
         elif op == "status":
@@ -175,6 +242,10 @@ class Channel:
                         f.write(chunk)
         except OSError:
             pass
+        if self.holding or self.hold_move is not None:
+            self.waits.put({"op": "eof"})  # held for a move: the main thread settles it
+            if self.holding:
+                return
         self._request("supervisor lost", None, "exit", "continue")
 
     def _record_alone(self, msg: dict[str, Any]) -> None:
@@ -223,19 +294,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-fds", default="", help="read ends of this process's stdout,stderr pipes")
     parser.add_argument("--memory", type=int, default=None, help="memory limit in bytes")
     parser.add_argument("--scan-interval", type=float, default=600.0)
+    parser.add_argument("--cpus", type=int, default=None, help="CPUs the session may use")
+    parser.add_argument("--files", default=None, help="capsules carry the files of this directory")
     sub = parser.add_subparsers(dest="cmd", required=True)
     p_run = sub.add_parser("run")
     p_run.add_argument("script")
     p_run.add_argument("args", nargs=argparse.REMAINDER)
     p_resume = sub.add_parser("resume")
     p_resume.add_argument("capsule")
+    p_in = sub.add_parser("incoming", help="a move's destination: wait for the capsule, restore, wait for go")
+    p_in.add_argument("--preload", default="")
     ns = parser.parse_args(argv)
 
     ch = Channel(ns)
+    ch.incoming = ns.cmd == "incoming"
     from sojourn.workspace.liveness import process_start
 
     if ns.memory:
         set_memory_limit(ns.memory)
+    if ns.cpus:
+        set_cpus(ns.cpus)
     ch.send({"event": "started", "pid": os.getpid(), "pid_start": process_start(os.getpid()),
              "python_version": platform.python_version(), "executable": sys.executable,
              "arch": platform.machine(), "platform": sys.platform})
@@ -243,14 +321,18 @@ def main(argv: list[str] | None = None) -> int:
 
     from sojourn.execution import runner
 
+    ch.label = {"workspace": ns.workspace, "allocation": ns.allocation, "epoch": ns.epoch}
     opts: dict[str, Any] = {"repo": ns.repo, "on_capsule": ch.on_capsule, "on_refusal": ch.on_refusal,
-                            "scan_interval": ns.scan_interval or None,
-                            "labels": {LABEL: {"workspace": ns.workspace, "allocation": ns.allocation,
-                                               "epoch": ns.epoch}}}
+                            "scan_interval": ns.scan_interval or None, "labels": {LABEL: ch.label}}
     entry = runner.run_script if ns.cmd == "run" else runner.resume
+    if ns.files:
+        opts["files"] = ns.files
     if "on_oom" in inspect.signature(entry).parameters:
         # The engine captures an out-of-memory error as a capsule: give that capture room.
         opts["on_oom"] = lambda e: lift_memory_limit()
+    if ns.cmd == "incoming":
+        ns.capsule = incoming_capsule(ch, ns.preload)
+        opts["before_run"] = lambda: incoming_go(ch)
     try:
         if ns.cmd == "run":
             code = runner.run_script(ns.script, ns.args, **opts)
@@ -275,6 +357,67 @@ def main(argv: list[str] | None = None) -> int:
         return code
     ch.send({"event": "exit", "code": code, "ran": True})
     return code
+
+
+EXIT_HELD = 75  # a session held for a move ends: the program carries on elsewhere (or stays in its capsule)
+
+
+def exit_now(code: int) -> None:
+    """End the process at once, as the engine does after a pause (its before-exit cleanups,
+    the streams flushed)."""
+    from sojourn.execution import pause
+
+    for fn in list(getattr(pause, "_BEFORE_EXIT", [])):
+        try:
+            fn()
+        except Exception:
+            pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(code)
+
+
+def incoming_capsule(ch: Channel, preload: str) -> str:
+    """A move's destination: warm up (the engine, the capsule reader, the program's big
+    libraries), say so, then wait for the capsule to restore."""
+    import importlib
+
+    ch.incoming = True
+    for name in ("sojourn.execution.runner", "sojourn.capsule.restore", "sojourn.capsule.format",
+                 "sojourn.execution.resumeform", "sojourn.execution.reducers", "sojourn.execution.loaders",
+                 *[m for m in preload.split(",") if m]):
+        try:
+            importlib.import_module(name)
+        except Exception:
+            pass  # the restore says what is missing, if it matters
+    ch.send({"event": "warm", "pid": os.getpid()})
+    while True:
+        msg = ch.waits.get()
+        if msg.get("op") == "restore":
+            from sojourn.workspace.faults import fault
+
+            fault("move.incoming.before-restore")
+            return str(msg["capsule"])
+
+
+def incoming_go(ch: Channel) -> None:
+    """Restored and checked (``runner.resume`` compares every fingerprint before this):
+    report, then wait for the go, which comes once the destination won the epoch."""
+    from sojourn.workspace.faults import fault
+
+    fault("move.incoming.after-restore")
+    ch.send({"event": "restored"})
+    while True:
+        msg = ch.waits.get()
+        if msg.get("op") == "go":
+            break
+    ch.ns.epoch = int(msg["epoch"])
+    ch.label["epoch"] = ch.ns.epoch
+    ch.incoming = False
+    ch.send({"event": "running", "t": time.time()})
 
 
 def _exit_code(e: SystemExit) -> int:

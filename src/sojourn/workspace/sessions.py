@@ -22,6 +22,7 @@ from sojourn.workspace.authority import reap, take
 from sojourn.workspace.errors import WorkspaceError
 from sojourn.workspace.liveness import boot_id, gone, hostname, me, on_this_host, process_start
 from sojourn.workspace.logs import LogRecord, allocation_records, read_log
+from sojourn.workspace.machine import MachineSpec
 from sojourn.workspace.store import WorkspaceStore
 from sojourn.workspace.supervisor import Outcome, SessionSpec, Supervisor
 
@@ -49,6 +50,8 @@ class SessionStart:
     allocation: str
     epoch: int
     capsule: str | None  # resumed from
+    machine: str | None = None  # a configured machine (`--on`), with its scratch directory
+    scratch: str | None = None
 
 
 @dataclass
@@ -93,6 +96,7 @@ class WorkspaceRow:
     updated: float
     stop_reason: str | None
     allocations: int
+    spend: float = 0.0  # every allocation's, USD
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -115,11 +119,20 @@ def _interpreter(python: str | None) -> str:
     return os.path.abspath(found)
 
 
-def _allocation(al: str, epoch: int, python: str, memory: int | None, capsule_in: str | None) -> R.Allocation:
+def _allocation(al: str, epoch: int, python: str, memory: int | None, capsule_in: str | None,
+                max_duration: float | None = None) -> R.Allocation:
     host = hostname()
+    started = R.now()
     return R.Allocation(id=al, provider="local", machine=host, host=host, boot_id=boot_id(), pid=os.getpid(),
                         pid_start=process_start(os.getpid()), python=python, memory_limit=memory,
-                        started=R.now(), epoch=epoch, capsule_in=capsule_in)
+                        started=started, epoch=epoch, capsule_in=capsule_in,
+                        hard_stop=started + max_duration if max_duration else None)
+
+
+def _no_overrides(python: str | None, memory: int | None) -> None:
+    if python is not None or memory is not None:
+        raise WorkspaceError("--python and --memory set the session of a run without --on; a machine (--on) has "
+                             "its own interpreter and memory limit: change them with `sojourn machines set`")
 
 
 def _result(store: WorkspaceStore, start: SessionStart, out: Outcome) -> SessionResult:
@@ -128,10 +141,23 @@ def _result(store: WorkspaceStore, start: SessionStart, out: Outcome) -> Session
                          out.detail, out.capsule, rec.next_action)
 
 
+result_of = _result
+
+
 def run(store: WorkspaceStore, script: str, argv: list[str], *, name: str | None = None, python: str | None = None,
         cwd: str | None = None, memory: int | None = None, on_output: Any = None,
-        on_start: StartCallback | None = None, scan_interval: float = 600.0) -> SessionResult:
-    """Create a workspace and run ``script`` in it, in the foreground, until it ends or pauses."""
+        on_start: StartCallback | None = None, scan_interval: float = 600.0,
+        machine: MachineSpec | None = None, max_duration: float | None = None) -> SessionResult:
+    """Create a workspace and run ``script`` in it, in the foreground, until it ends or pauses.
+    With ``machine``, the session runs in the machine's scratch directory, on a copy of the
+    working directory's files, with its interpreter and limits (``onmachine.py``)."""
+    if machine is not None:
+        from sojourn.workspace import onmachine
+
+        _no_overrides(python, memory)
+        p = onmachine.prepare_run(store, script, argv, machine=machine, name=name, cwd=cwd)
+        return onmachine.attach(store, p, on_output=on_output, on_start=on_start,  # type: ignore[no-any-return]
+                                scan_interval=scan_interval)
     if store.repo.url.startswith("memory://"):
         raise WorkspaceError("a memory:// repository lives inside one process, and a session runs in its own: "
                              "use a directory or s3://bucket/prefix")
@@ -145,24 +171,34 @@ def run(store: WorkspaceStore, script: str, argv: list[str], *, name: str | None
     rec = R.initial(meta)
     store.append(ws, 0, al, {"type": "created", "name": meta["name"], "command": meta["command"]})
     epoch = take(store, rec, al, "run")
-    store.append(ws, epoch, al, {"type": "allocation", "allocation": asdict(_allocation(al, epoch, interp, memory, None))})
+    store.append(ws, epoch, al, {"type": "allocation",
+                                 "allocation": asdict(_allocation(al, epoch, interp, memory, None, max_duration))})
     store.record(ws)
     start = SessionStart(ws, meta["name"], al, epoch, None)
     if on_start is not None:
         on_start(start)
     spec = SessionSpec(ws, al, epoch, interp, workdir, script=script, argv=list(argv), memory=memory,
-                       scan_interval=scan_interval)
+                       scan_interval=scan_interval, hard_stop=max_duration)
     return _result(store, start, Supervisor(store, spec, on_output=on_output).run())
 
 
 def resume(store: WorkspaceStore, ref: str, *, python: str | None = None, cwd: str | None = None,
            memory: int | None = None, on_output: Any = None, on_start: StartCallback | None = None,
-           scan_interval: float = 600.0) -> SessionResult:
+           scan_interval: float = 600.0, machine: MachineSpec | None = None,
+           max_duration: float | None = None) -> SessionResult:
     """Carry a suspended (or failed) workspace on from its last good capsule, in a new
-    process in the foreground."""
+    process in the foreground (with ``machine``: in a new scratch directory of that machine,
+    with the capsule's files)."""
+    if machine is not None:
+        from sojourn.workspace import onmachine
+
+        _no_overrides(python, memory)
+        p = onmachine.prepare_resume(store, ref, machine=machine)
+        return onmachine.attach(store, p, on_output=on_output, on_start=on_start,  # type: ignore[no-any-return]
+                                scan_interval=scan_interval)
     ws = store.resolve(ref)
     rec = reap(store, store.record(ws), by="sojourn resume")
-    _check_resumable(rec)
+    check_resumable(rec)
     al = R.new_id("al")
     epoch = take(store, rec, al, "resume")
     # The capsule as of our authority event is the one to carry on from (winning the swap
@@ -172,12 +208,14 @@ def resume(store: WorkspaceStore, ref: str, *, python: str | None = None, cwd: s
     cap = rec.last_capsule.id
     interp = _interpreter(python) if python else _default_python(rec)
     workdir = os.path.abspath(cwd) if cwd else (rec.command.cwd if os.path.isdir(rec.command.cwd) else os.getcwd())
-    store.append(ws, epoch, al, {"type": "allocation", "allocation": asdict(_allocation(al, epoch, interp, memory, cap))})
+    store.append(ws, epoch, al, {"type": "allocation",
+                                 "allocation": asdict(_allocation(al, epoch, interp, memory, cap, max_duration))})
     store.record(ws)
     start = SessionStart(ws, rec.name, al, epoch, cap)
     if on_start is not None:
         on_start(start)
-    spec = SessionSpec(ws, al, epoch, interp, workdir, capsule=cap, memory=memory, scan_interval=scan_interval)
+    spec = SessionSpec(ws, al, epoch, interp, workdir, capsule=cap, memory=memory, scan_interval=scan_interval,
+                       hard_stop=max_duration)
     return _result(store, start, Supervisor(store, spec, on_output=on_output).run())
 
 
@@ -189,7 +227,7 @@ def _default_python(rec: R.WorkspaceRecord) -> str:
     return sys.executable
 
 
-def _check_resumable(rec: R.WorkspaceRecord) -> None:
+def check_resumable(rec: R.WorkspaceRecord) -> None:
     if rec.state == "running":
         a = rec.current
         where = f" on {a.host} (pid {a.pid})" if a else ""
@@ -278,7 +316,8 @@ def row(rec: R.WorkspaceRecord) -> WorkspaceRow:
         where = f"{a.provider}:{a.machine}"
     cap = rec.last_capsule
     return WorkspaceRow(rec.id, rec.name, rec.state, where, cap.id if cap else None, cap.size if cap else 0,
-                        rec.updated, rec.stop_reason, len(rec.allocations))
+                        rec.updated, rec.stop_reason, len(rec.allocations),
+                        round(sum(x.spend for x in rec.allocations), 6))
 
 
 def show(store: WorkspaceStore, ref: str) -> tuple[R.WorkspaceRecord, list[dict[str, Any]]]:

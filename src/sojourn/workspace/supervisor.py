@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import selectors
 import signal
 import subprocess
@@ -29,10 +30,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from sojourn import notices
 from sojourn.workspace import records as R
 from sojourn.workspace.capsules import capsule_facts, child_env, verify_capsule
+from sojourn.workspace.files import files_event_of
 from sojourn.workspace.liveness import process_start
 from sojourn.workspace.logs import LogWriter
+from sojourn.workspace.machine import spend
 from sojourn.workspace.store import WorkspaceStore
 
 EXIT_PAUSED = 75  # the program paused and its capsule passed the write check
@@ -55,6 +59,15 @@ class SessionSpec:
     capsule: str | None = None  # resume from it
     memory: int | None = None
     scan_interval: float = 600.0
+    # Issue 4, machines (workspace/machine.py): CPUs the session may use, the hard stop in
+    # seconds after the start (the watchdog suspends the session), the price for the spend,
+    # and whether capsules carry the files of ``cwd`` (a machine's scratch directory).
+    cpus: int | None = None
+    hard_stop: float | None = None
+    price_per_hour: float = 0.0
+    files: bool = False
+    incoming: bool = False  # the destination of a move: the session waits for its capsule (migrate.py)
+    preload: list[str] = field(default_factory=list)  # modules the incoming session imports while it waits
 
 
 @dataclass
@@ -100,6 +113,18 @@ class Supervisor:
         self.lost_authority: str | None = None
         self.started = False
         self.stderr_tail = b""
+        self.t0 = time.time()  # for the spend
+        self.hard_stopped: str | None = None  # what the watchdog did, once it fired
+        self.notices: notices.Watcher | None = None  # issue 6: preemption notices (see _on_notice)
+        # Moves (migrate.py): the session's messages for the protocol, the move being served,
+        # how it ended here; an incoming allocation records nothing until it commits.
+        self.inbox: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.moving: str | None = None
+        self.moved: Any = None
+        self.discarded: str | None = None
+        self.incoming: Any = None
+        self.committed = not spec.incoming
+        self.held_started: dict[str, Any] | None = None
 
     # -- events ----------------------------------------------------------------------------
 
@@ -114,11 +139,14 @@ class Supervisor:
         except OSError as e:
             return self._finish_without_session(f"the session could not start with {self.spec.python}: {e}")
         assert self.proc is not None
+        self.notices = notices.watch(self._on_notice)  # issue 6: None where no source is configured
         old = self._install_signals()
         pump = threading.Thread(target=self._pump, name="sojourn-pump", daemon=True)
         watch = threading.Thread(target=self._watch, name="sojourn-watch", daemon=True)
         pump.start()
         watch.start()
+        if self.spec.hard_stop:
+            threading.Thread(target=self._watchdog, name="sojourn-watchdog", daemon=True).start()
         try:
             _, status, usage = os.wait4(self.proc.pid, 0)
         finally:
@@ -129,9 +157,15 @@ class Supervisor:
         self._done.set()
         pump.join(timeout=3.0)  # a grandchild that kept the pipes open must not hold us here
         watch.join(timeout=5.0)
+        while watch.is_alive() and (self.moving is not None or (not self.committed and self.discarded is None)):
+            watch.join(timeout=0.5)  # a move settles its verdict even when the session is gone
         self._close_fds()
-        self.log.flush()
-        return self._finish(rc, max_rss)
+        if self.discarded is None and self.committed:
+            self.log.flush()
+        outcome = self._finish(rc, max_rss)
+        if self.notices is not None:  # issue 6: acknowledged (Azure) once the capsule is durable
+            self.notices.stop()
+        return outcome
 
     def _spawn(self) -> None:
         s = self.spec
@@ -144,7 +178,13 @@ class Supervisor:
                "--control-fd", str(ctl_r), "--output-fds", f"{out_r},{err_r}", "--scan-interval", str(s.scan_interval)]
         if s.memory:
             cmd += ["--memory", str(s.memory)]
-        if s.capsule:
+        if s.cpus:
+            cmd += ["--cpus", str(s.cpus)]
+        if s.files:
+            cmd += ["--files", s.cwd]
+        if s.incoming:
+            cmd += ["incoming", "--preload", ",".join(s.preload)]
+        elif s.capsule:
             cmd += ["resume", s.capsule]
         else:
             assert s.script is not None
@@ -189,6 +229,8 @@ class Supervisor:
             signal.signal(sig, handler)
 
     def _forward(self, signum: int, frame: Any) -> None:
+        if self.notices is not None and self.notices.signal(signum):
+            return  # issue 6: a notice (Slurm's --signal, Kubernetes' SIGTERM); _on_notice pauses
         target = signal.SIGTERM if signum == signal.SIGHUP else signum
         if signum == signal.SIGHUP:
             self.on_output = None  # the terminal is gone
@@ -248,7 +290,15 @@ class Supervisor:
         except ValueError:
             return
         kind = msg.get("event")
-        if kind == "started":
+        if kind in ("warm", "restored", "running", "exit") or (kind == "capsule" and msg.get("move")) or (
+                kind == "refusal" and self.moving):
+            self.inbox.put(msg)  # for the move protocol (migrate.py)
+            if kind != "exit" and kind != "refusal":
+                return
+        if kind == "started" and not self.committed:
+            self.started = True
+            self.held_started = msg  # recorded by the move's commit
+        elif kind == "started":
             self.started = True
             self.append({"type": "started", "allocation": self.spec.allocation, "session_pid": msg.get("pid"),
                          "session_pid_start": msg.get("pid_start"), "python_version": msg.get("python_version"),
@@ -273,6 +323,8 @@ class Supervisor:
     # -- the watcher: requests, waiting, log pieces, authority -----------------------------
 
     def _watch(self) -> None:
+        if self.incoming is not None and not self.incoming.run():
+            return  # the move's destination was discarded
         ws, epoch = self.spec.workspace, self.spec.epoch
         next_request = 1
         last_status_ask = 0.0
@@ -281,6 +333,8 @@ class Supervisor:
         ticks = 0
         while not self._done.wait(self.poll_interval):
             ticks += 1
+            if self.spec.epoch != epoch:  # an aborted move took the next epoch for this allocation
+                epoch, next_request = self.spec.epoch, 1
             try:
                 if self.log.due():
                     self.log.flush()
@@ -288,6 +342,8 @@ class Supervisor:
                 if req is not None:
                     next_request += 1
                     self._serve(req)
+                    if self.moved is not None:
+                        return  # moved away: the session is exiting, the destination holds the workspace
                 with self._lock:
                     pending = self.pending
                 # A pause normally lands within milliseconds; one still pending after 0.3 s is
@@ -313,6 +369,13 @@ class Supervisor:
 
     def _serve(self, req: dict[str, Any]) -> None:
         kind = str(req.get("kind", "suspend"))
+        if kind == "move":
+            from sojourn.workspace import migrate
+
+            self.append({"type": "request", "n": req.get("n"), "kind": kind, "move": req.get("move"),
+                         "destination": req.get("allocation"), "requested_by": f"{req.get('host')}:{req.get('pid')}"})
+            migrate.serve_move(self, req)
+            return
         with self._lock:
             self.pending = {"n": req.get("n"), "kind": kind, "t": time.monotonic()}
         self.status_msg = None
@@ -320,6 +383,52 @@ class Supervisor:
                      "requested_by": f"{req.get('host')}:{req.get('pid')}"})
         self._control({"op": "pause", "reason": kind, "deadline": req.get("deadline"), "action": "exit",
                        "on_timeout": "continue"})
+
+    # -- the hard stop (issue 4, machines) ----------------------------------------------
+
+    def _watchdog(self) -> None:
+        """At the hard stop, ask the session to pause (it ends suspended); if no pause could
+        be taken within the grace (the engine then exits 76 on its own) and the process still
+        runs after the grace again, kill it: the allocation must end."""
+        s = self.spec
+        assert s.hard_stop is not None
+        if self._done.wait(max(0.0, s.hard_stop - (time.time() - self.t0))):
+            return
+        grace = hard_stop_grace()
+        self.hard_stopped = f"hard stop after {_seconds(s.hard_stop)} (--max-duration)"
+        with self._lock:
+            self.pending = {"n": None, "kind": "hard-stop", "t": time.monotonic()}
+        try:
+            self.append({"type": "request", "n": None, "kind": "hard-stop", "requested_by": "watchdog"})
+        except Exception as e:  # the repository hiccuped: the stop itself must still happen
+            print(f"sojourn: supervisor of {s.workspace}: {e}", file=sys.stderr)
+        self._control({"op": "pause", "reason": "hard-stop", "deadline": grace, "action": "exit",
+                       "on_timeout": "exit"})
+        if self._done.wait(2 * grace + 5.0):
+            return
+        self.hard_stopped += f"; no pause could be taken within {grace:g} s, so the session was killed"
+        p = self.proc
+        if p is not None and p.returncode is None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    # -- preemption notices (issue 6, notices) -----------------------------------------------
+
+    def _on_notice(self, notice: notices.Notice) -> None:
+        """A preemption notice is a pause request with reason ``preempted`` (the stop reason
+        follows from the capsule's), due before the machine goes away."""
+        left = notice.remaining()
+        print(f"sojourn: preemption notice: {notice.detail}"
+              f"{f' ({left:.0f} s left)' if left is not None else ''}; pausing", file=sys.stderr, flush=True)
+        with self._lock:
+            self.pending = {"n": None, "kind": "preempted", "t": time.monotonic()}
+        self.status_msg = None
+        self._control({"op": "pause", "reason": "preempted", "deadline": notice.pause_deadline(),
+                       "action": "exit", "on_timeout": "continue"})
+        self.append({"type": "request", "n": None, "kind": "preempted", "requested_by": notice.source,
+                     "notice": notice.to_json()})
 
     def _control(self, msg: dict[str, Any]) -> None:
         fd = self._ctl_w
@@ -346,6 +455,12 @@ class Supervisor:
 
     def _finish(self, rc: int, max_rss: int) -> Outcome:
         s = self.spec
+        if self.discarded is not None or not self.committed:  # a move's destination that never held it
+            return Outcome("failed", "discarded", 1, rc, self.discarded or "discarded", ran=False)
+        if self.moved is not None:
+            from sojourn.workspace import migrate
+
+            return migrate.finish_moved(self, rc, max_rss)
         events: list[dict[str, Any]] = []
         cap_entry: R.CapsuleEntry | None = None
         extra: dict[str, Any] = {}
@@ -360,6 +475,10 @@ class Supervisor:
                 extra = capsule_facts(self.store.repo, cap_entry.id)
             events.append({"type": "capsule", "capsule": cap_entry.__dict__,
                            "distributions": extra.get("distributions"), "arch": extra.get("arch")})
+            if error is None and s.files:  # the scratch directory's files travel in it
+                files_ev = files_event_of(self.store.repo, cap_entry.id, s.allocation, s.cwd)
+                if files_ev is not None:
+                    events.append(files_ev)
         if not self.started:
             ran = False
         reason, detail, code = self._classify(rc, cap_entry)
@@ -369,7 +488,8 @@ class Supervisor:
         standing = produced or (s.capsule if not ran else None) or self._last_good()
         state = R.state_after_stop(reason, produced if ran else standing, ran)
         events.append({"type": "stopped", "allocation": s.allocation, "reason": reason, "detail": detail,
-                       "exit_code": rc, "max_rss": max_rss, "spend": 0.0, "state": state, "capsule": standing,
+                       "exit_code": rc, "max_rss": max_rss, "spend": spend(s.price_per_hour, time.time() - self.t0),
+                       "state": state, "capsule": standing,
                        "ran": ran, "log_bytes": self.log.bytes_written})
         if self.lost_authority is None:
             self.append(*events)
@@ -386,6 +506,11 @@ class Supervisor:
         limit = f" (limit {self.spec.memory / 2**20:.0f} MiB)" if self.spec.memory else ""
         if self.lost_authority is not None:
             return "failed", self.lost_authority, 1
+        if self.hard_stopped is not None and not (cap is None and rc == 0):  # (it may have just finished)
+            if cap is not None and cap.verified:
+                return "hard-stop", f"{self.hard_stopped}: paused at {cap.where}", EXIT_PAUSED
+            why = f"capsule {cap.id} failed its write check: {cap.error}" if cap is not None else "no capsule"
+            return "hard-stop", f"{self.hard_stopped}; {why}", EXIT_PAUSE_FAILED
         if cap is not None:
             if not cap.verified:
                 return "failed", f"capsule {cap.id} failed its write check: {cap.error}", EXIT_PAUSE_FAILED
@@ -424,6 +549,18 @@ class Supervisor:
                      "exit_code": None, "state": state, "capsule": standing, "ran": False})
         self.store.record(s.workspace)
         return Outcome("failed", state, 2, None, why, None, False)
+
+
+def hard_stop_grace() -> float:
+    """Seconds a hard-stopped session gets to pause (``SOJOURN_HARD_STOP_GRACE``, default 60)."""
+    try:
+        return max(0.1, float(os.environ.get("SOJOURN_HARD_STOP_GRACE", "60")))
+    except ValueError:
+        return 60.0
+
+
+def _seconds(s: float) -> str:
+    return f"{s:g} s" if s < 120 else f"{s / 60:g} min"
 
 
 def supervisor_identity() -> tuple[int, int | None]:

@@ -1,0 +1,589 @@
+"""Live moves: the source's and the destination's halves of the move protocol (docs/moves.md).
+
+A move of workspace ``ws`` held at epoch ``e`` by allocation ``A`` to a new allocation ``B``:
+
+1. the destination supervisor (``python -m sojourn.workspace.migrate incoming ...``) starts
+   its session warm (interpreter up, sojourn imported) and says so (marker ``ready``), then
+   writes the ``move`` request to the holder of epoch ``e``;
+2. the source supervisor asks its session to pause with a hold: the capsule is written and
+   the program stays at that statement boundary; the capsule id goes to the destination
+   (marker ``source``);
+3. the destination restores it (every fingerprint compared: this is the capsule's check),
+   then takes epoch ``e+1`` by compare-and-swap, records the commit in one ``authority``
+   event (the source's stop and the capsule's check go with it) and lets its session run;
+4. the source watches the epoch: taken by ``B``, its session exits; a failure or a timeout
+   first, the source takes ``e+1`` itself by the same swap and its session carries on. The
+   swap serialises commit against abort: exactly one of them wins.
+
+Markers are small objects ``move.<ws>.<move>.<part>`` (created once, exclusively) in the
+repository, so the two halves need nothing but the repository to talk, on any hosts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import queue
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from sojourn.errors import AlreadyExists, ObjectNotFound, SojournError
+from sojourn.workspace import records as R
+from sojourn.workspace.errors import AuthorityLost
+from sojourn.workspace.faults import fault
+from sojourn.workspace.liveness import alive, boot_id, hostname, me
+from sojourn.workspace.store import KIND, WorkspaceStore, _dump, _load
+
+if TYPE_CHECKING:
+    from sojourn.workspace.supervisor import Supervisor
+
+EXIT_MOVED = 78  # the program carries on in another allocation
+
+
+def marker_name(ws: str, move: str, part: str) -> str:
+    return f"move.{ws}.{move}.{part}"
+
+
+def put_marker(store: WorkspaceStore, ws: str, move: str, part: str, doc: dict[str, Any]) -> bool:
+    try:
+        store.backend.save(KIND, marker_name(ws, move, part), _dump({**doc, "t": R.now()}), exclusive=True)
+    except AlreadyExists:
+        return False
+    store.backend.flush()
+    return True
+
+
+def put_marker_until(store: WorkspaceStore, ws: str, move: str, part: str, doc: dict[str, Any]) -> None:
+    """Write a marker, retrying while the repository is away: the program stays held (nothing
+    else is safe) and the move settles once it answers again."""
+    said = 0.0
+    while True:
+        try:
+            put_marker(store, ws, move, part, doc)
+            return
+        except SojournError as e:
+            if time.monotonic() - said > 10:
+                said = time.monotonic()
+                print(f"sojourn: move {move}: cannot write to the repository ({e}); retrying", file=sys.stderr)
+            time.sleep(0.1)
+
+
+def get_marker(store: WorkspaceStore, ws: str, move: str, part: str) -> dict[str, Any] | None:
+    try:
+        return _load(store.backend.load(KIND, marker_name(ws, move, part)), f"{part} of move {move}")
+    except ObjectNotFound:
+        return None
+
+
+def poll_interval(store: WorkspaceStore) -> float:
+    # Locally a poll is one stat (tens of microseconds): short intervals keep the pause short.
+    return 0.25 if type(store.backend).__name__ == "S3Backend" else 0.004
+
+
+def verify_timeout(size: int, given: float | None = None) -> float:
+    """How long the source holds for the destination's restore before it takes the
+    workspace back: generous, since a dead destination on this host is noticed at once."""
+    return float(given) if given else 120.0 + size / 20e6
+
+
+def process_gone(doc: dict[str, Any] | None) -> bool:
+    """Whether the process a marker names is provably gone (only on this host)."""
+    if not doc or doc.get("host") != hostname():
+        return False
+    if doc.get("boot_id") and doc.get("boot_id") != boot_id():
+        return True
+    return not alive(doc.get("pid"), doc.get("pid_start"))
+
+
+# -- the verdict: commit or abort, settled by the epoch swap --------------------------------
+
+
+@dataclass
+class Verdict:
+    outcome: str  # "commit" (the destination took e+1), "abort" (we did), "lost" (someone else did)
+    epoch: int  # the epoch the source holds after an abort (e+1, or e if it could not write)
+    why: str = ""
+    doc: dict[str, Any] = field(default_factory=dict)
+
+
+def _taken(store: WorkspaceStore, ws: str, epoch: int, move: str, dest: str) -> Verdict:
+    n, doc = store.epoch(ws, epoch)
+    doc = doc or {}
+    if doc.get("holder") == dest and doc.get("move") == move:
+        return Verdict("commit", n, f"moved to {dest}", doc)
+    return Verdict("lost", n, f"workspace {ws} was taken by {doc.get('holder')} (epoch {n})", doc)
+
+
+def await_verdict(store: WorkspaceStore, ws: str, epoch: int, al: str, move: str, dest: str, *,
+                  timeout: float, capsule: dict[str, Any] | None, session_gone: Any = None) -> Verdict:
+    """Hold until the destination commits (it took epoch+1) or fails; on a failure or a
+    timeout, take epoch+1 for ``al`` (see :func:`abort`)."""
+    t_end = time.monotonic() + timeout
+    poll = poll_interval(store)
+    ready: dict[str, Any] | None = None
+    why = ""
+    while True:
+        try:
+            if not store.holds(ws, epoch):
+                return _taken(store, ws, epoch, move, dest)
+            failed = get_marker(store, ws, move, "dest")
+            if failed is not None:
+                why = f"the destination refused: {failed.get('error')}"
+            if ready is None:
+                ready = get_marker(store, ws, move, "ready")
+            if not why and process_gone(ready):
+                why = f"the destination's supervisor (pid {ready.get('pid') if ready else '?'}) died"
+        except SojournError as e:  # the repository is away: hold on, nothing may run meanwhile
+            if time.monotonic() > t_end:
+                why = f"the repository was unreachable ({e})"
+        if not why and time.monotonic() > t_end:
+            why = f"the destination did not verify the capsule within {timeout:.0f} s"
+        if why:
+            return abort(store, ws, epoch, al, move, dest, why, capsule=capsule, ready=ready)
+        time.sleep(poll)
+
+
+def abort(store: WorkspaceStore, ws: str, epoch: int, al: str, move: str, dest: str, why: str, *,
+          capsule: dict[str, Any] | None, ready: dict[str, Any] | None) -> Verdict:
+    """Take epoch+1 for ``al`` so that the destination can no longer commit, and record why.
+    Lost to the destination: it committed first. The swap cannot be written (disk full,
+    repository away): carry on at ``epoch`` without a record only when the destination is
+    provably dead and epoch+1 provably free; otherwise keep the program held and retry."""
+    info = {"reason": f"move {move} aborted: {why}", "move": move, **me()}
+    said = 0.0
+    while True:
+        fault("move.abort.before-cas")
+        try:
+            new = store.acquire(ws, epoch, al, **info)
+        except AuthorityLost:
+            return _taken(store, ws, epoch, move, dest)
+        except SojournError as e:
+            try:
+                free = store.holds(ws, epoch)
+            except SojournError:
+                free = False
+            if free and process_gone(ready or get_marker_quiet(store, ws, move, "ready")):
+                return Verdict("abort", epoch, f"{why}; the abort could not be recorded ({e})")
+            if time.monotonic() - said > 10:
+                said = time.monotonic()
+                print(f"sojourn: move {move}: {why}; cannot record the abort ({e}); the program stays paused "
+                      "until the repository answers", file=sys.stderr)
+            time.sleep(0.2)
+            continue
+        fault("move.abort.after-cas")
+        events: list[dict[str, Any]] = [{"type": "authority", "holder": al, **info}]
+        if capsule is not None:
+            events.append({"type": "capsule", "move": move, "capsule": _entry(capsule, al, False,
+                                                                               f"move {move} aborted: {why}")})
+        events.append({"type": "move", "move": move, "outcome": "aborted", "source": al, "destination": dest,
+                       "reason": why, "capsule": capsule.get("capsule") if capsule else None})
+        try:
+            store.append(ws, new, al, *events)
+        except SojournError as e:
+            print(f"sojourn: move {move} aborted ({why}) but could not be recorded: {e}", file=sys.stderr)
+        return Verdict("abort", new, why)
+
+
+def get_marker_quiet(store: WorkspaceStore, ws: str, move: str, part: str) -> dict[str, Any] | None:
+    try:
+        return get_marker(store, ws, move, part)
+    except SojournError:
+        return None
+
+
+def _entry(msg: dict[str, Any], al: str, verified: bool, error: str | None = None) -> dict[str, Any]:
+    return R.CapsuleEntry(id=str(msg["capsule"]), parent=msg.get("parent"), reason=str(msg.get("reason", "move")),
+                          where=str(msg.get("where", "")), size=int(msg.get("size", 0)), time=R.now(),
+                          allocation=al, verified=verified, error=error).__dict__
+
+
+def moved_events(al: str, msg: dict[str, Any], verdict: Verdict, move: str, *, exit_code: int | None = None,
+                 max_rss: int | None = None, log_bytes: int | None = None) -> list[dict[str, Any]]:
+    """What the source records once the destination won: its capsule (checked by the
+    destination's restore, which came before the swap) and its stop. Void when the
+    destination's ``authority`` event, which says the same, is already in the log."""
+    dest = str(verdict.doc.get("holder"))
+    return [{"type": "capsule", "move": move, "capsule": _entry(msg, al, True), "verified_by": dest},
+            {"type": "stopped", "allocation": al, "reason": "moved",
+             "detail": f"moved to {dest} (move {move}, epoch {verdict.epoch})", "exit_code": exit_code,
+             "max_rss": max_rss, "spend": 0.0, "state": "suspended", "capsule": msg["capsule"], "ran": True,
+             "log_bytes": log_bytes}]
+
+
+# -- the source: a move request served by the supervisor ----------------------------------
+
+
+def serve_move(sup: Supervisor, req: dict[str, Any]) -> None:
+    """Run the source's half in the supervisor's watcher thread (so nothing else of the
+    watcher, such as its authority check, runs meanwhile)."""
+    s, store = sup.spec, sup.store
+    ws, epoch, al = s.workspace, s.epoch, s.allocation
+    move, dest = str(req.get("move")), str(req.get("allocation"))
+    sup.moving = move
+    try:
+        fault("move.source.after-request")
+        while not sup.inbox.empty():
+            sup.inbox.get_nowait()
+        deadline = float(req.get("deadline") or 600.0)
+        sup._control({"op": "pause", "reason": "move", "deadline": deadline, "action": "continue",
+                      "on_timeout": "continue", "hold": move, "timeout": req.get("timeout")})
+        msg = _wait_capsule(sup, move, deadline + 30.0)
+        if isinstance(msg, str):
+            put_marker_until(store, ws, move, "source", {"error": msg})
+            sup.append({"type": "move", "move": move, "outcome": "refused", "source": al, "destination": dest,
+                        "reason": msg})
+            return
+        fault("move.source.after-capsule")
+        put_marker_until(store, ws, move, "source", source_doc(msg))
+        fault("move.source.after-marker")
+        v = await_verdict(store, ws, epoch, al, move, dest, timeout=verify_timeout(int(msg.get("size", 0)),
+                                                                                   req.get("timeout")),
+                          capsule=None if sup._done.is_set() else msg)
+        if v.outcome == "commit":
+            fault("move.source.after-commit-seen")
+            sup.moved = (msg, v, move)
+            sup._control({"op": "verdict", "move": move, "go": "exit"})
+        elif v.outcome == "lost":
+            sup._lose_authority()
+        else:
+            fault("move.source.after-abort")
+            s.epoch = v.epoch
+            if sup._done.is_set():  # the session died while held: its capsule is the state now
+                sup.capsule_msg = {**msg, "action": "exit"}
+            sup._control({"op": "verdict", "move": move, "go": "continue", "epoch": v.epoch})
+            print(f"sojourn: move {move} aborted: {v.why}; the program carries on here", file=sys.stderr)
+    finally:
+        sup.moving = None
+
+
+def finish_moved(sup: Supervisor, rc: int, max_rss: int) -> Any:
+    """The source's end after a commit (its session exited at the destination's win)."""
+    from sojourn.workspace.supervisor import Outcome
+
+    msg, verdict, move = sup.moved
+    s = sup.spec
+    fault("move.source.before-record")
+    if sup.lost_authority is None:
+        try:
+            sup.append(*moved_events(s.allocation, msg, verdict, move, exit_code=rc, max_rss=max_rss,
+                                     log_bytes=sup.log.bytes_written))
+            sup.store.record(s.workspace)
+        except SojournError as e:
+            print(f"sojourn: the move's source could not record its stop: {e}", file=sys.stderr)
+    dest = verdict.doc.get("holder")
+    return Outcome("moved", "running", EXIT_MOVED, None, f"moved to {dest} (epoch {verdict.epoch}) by move {move}",
+                   ran=True, max_rss=max_rss)
+
+
+def source_doc(msg: dict[str, Any]) -> dict[str, Any]:
+    return {k: msg.get(k) for k in ("capsule", "parent", "where", "size", "paused_wall", "reason", "seconds_capture")}
+
+
+def _wait_capsule(sup: Supervisor, move: str, timeout: float) -> dict[str, Any] | str:
+    t_end = time.monotonic() + timeout
+    while True:
+        try:
+            m = sup.inbox.get(timeout=0.02)
+        except queue.Empty:
+            m = None
+        if m is not None:
+            if m.get("event") == "capsule" and m.get("move") == move:
+                return m
+            if m.get("event") == "refusal":
+                return f"the pause was refused; the program keeps running: {m.get('message')}"
+        elif sup._done.is_set():
+            return "the session ended before it could pause"
+        if time.monotonic() > t_end:
+            return f"the program did not reach a statement where it can pause within {timeout:.0f} s"
+        if sup.log.due():
+            sup.log.flush()
+
+
+def decide_alone(repo_url: str, ws: str, epoch: int, al: str, move: str, msg: dict[str, Any],
+                 timeout: float | None, spill: str | None) -> None:
+    """The session held for a move lost its supervisor: settle the move itself, record the
+    outcome, and return (the caller then exits: with no supervisor it does not run on)."""
+    from sojourn.repository.repo import open_repository
+    from sojourn.workspace.orphan import record_orphan_pause
+
+    with open_repository(repo_url) as repo:
+        store = WorkspaceStore(repo)
+        dest = str((get_marker_quiet(store, ws, move, "ready") or {}).get("allocation", ""))
+        # The supervisor may have died before it told the destination: the capsule is here.
+        put_marker_until(store, ws, move, "source", source_doc(msg))
+        v = await_verdict(store, ws, epoch, al, move, dest, timeout=verify_timeout(int(msg.get("size", 0)), timeout),
+                          capsule=None)
+        if v.outcome == "commit":
+            store.append(ws, epoch, al, *moved_events(al, msg, v, move))
+            return
+        if v.outcome == "lost" and v.doc.get("holder") == al:  # our supervisor aborted, then died
+            v = Verdict("abort", v.epoch, v.why, v.doc)
+    if v.outcome == "abort":
+        record_orphan_pause(repo_url, ws, al, v.epoch, {**msg, "action": "exit"}, spill)
+
+
+# -- the destination: the incoming supervisor ---------------------------------------------
+
+
+class Incoming:
+    """The destination's half, run at the start of its supervisor's watcher thread. Until it
+    wins the epoch, it records nothing in the workspace's log."""
+
+    def __init__(self, sup: Supervisor, move: str, source: str, deadline: float, timeout: float | None,
+                 machine: str, provider: str):
+        self.sup = sup
+        self.move = move
+        self.source = source
+        self.deadline = deadline
+        self.timeout = timeout
+        self.machine = machine
+        self.provider = provider
+        self.requested = False
+        self.expected = sup.spec.epoch
+
+    def run(self) -> bool:
+        """True once committed (the supervisor carries on as the workspace's holder)."""
+        try:
+            return self._run()
+        except Exception as e:
+            if self.sup.committed:  # it runs here now; only the last note was lost
+                print(f"sojourn: move {self.move}: {type(e).__name__}: {e}", file=sys.stderr)
+                return True
+            if self.sup.spec.epoch != self.expected:  # won, but could not record it: leave it to the source
+                print(f"sojourn: move {self.move}: won epoch {self.sup.spec.epoch} but could not record it: {e}",
+                      file=sys.stderr)
+                return self.discard(str(e), tell=False)
+            self.discard(f"{type(e).__name__}: {e}")
+            return False
+
+    def _wait(self, kinds: tuple[str, ...], timeout: float, what: str, check: Any = None) -> dict[str, Any]:
+        t_end = time.monotonic() + timeout
+        last_check = 0.0
+        while True:
+            try:
+                m = self.sup.inbox.get(timeout=0.01)
+            except queue.Empty:
+                m = None
+            if m is not None:
+                if m.get("event") in kinds:
+                    return m
+                if m.get("event") == "exit":
+                    raise SojournError(f"the session ended while {what}: {m.get('error') or ''} "
+                                       f"{m.get('message') or ''}".strip())
+            elif self.sup._done.is_set():
+                tail = self.sup.stderr_tail.decode(errors="replace").strip().splitlines()
+                raise SojournError(f"the session ended while {what}" + (f": {tail[-1]}" if tail else ""))
+            if time.monotonic() > t_end:
+                raise SojournError(f"timed out after {timeout:.0f} s {what}")
+            if check is not None and time.monotonic() - last_check > 0.05:
+                last_check = time.monotonic()
+                try:
+                    check()
+                except _Gone:
+                    raise
+                except SojournError:
+                    pass  # the repository is away for a moment
+
+    def _check_epoch(self) -> None:
+        store, ws = self.sup.store, self.sup.spec.workspace
+        if not store.holds(ws, self.expected):
+            n, doc = store.epoch(ws, self.expected)
+            raise _Gone(f"workspace {ws} moved on to epoch {n} ({(doc or {}).get('holder')}); this move is off")
+
+    def _run(self) -> bool:
+        sup, store = self.sup, self.sup.store
+        s = sup.spec
+        ws, move, e = s.workspace, self.move, self.expected
+        fault("move.dest.start")
+        warm = self._wait(("warm",), 120.0, "starting")
+        put_marker(store, ws, move, "ready", {**me(), "allocation": s.allocation, "python": s.python,
+                                               "session_pid": warm.get("pid")})
+        fault("move.dest.after-ready")
+        self._check_epoch()
+        store.request(ws, e, "move", move=move, allocation=s.allocation, deadline=self.deadline,
+                      timeout=self.timeout)
+        self.requested = True
+        fault("move.dest.after-request")
+        src = self._wait_source()
+        if src.get("error"):
+            return self.discard(f"the source did not pause: {src['error']}", tell=False)
+        cap = str(src["capsule"])
+        fault("move.dest.after-capsule-seen")
+        t_restore = time.monotonic()
+        sup._control({"op": "restore", "capsule": cap})
+        limit = verify_timeout(int(src.get("size", 0)), self.timeout)
+        restored = self._wait(("restored",), limit, f"restoring capsule {cap}", check=self._check_epoch)
+        t_restored = time.monotonic()
+        fault("move.dest.after-restore")
+        from sojourn.workspace.capsules import capsule_facts
+
+        facts = capsule_facts(store.repo, cap)
+        entry = _entry({**src, "reason": src.get("reason") or "move"}, self.source, True)
+        info = {"reason": f"move {move} from {self.source}", "move": move, "capsule": cap, **me()}
+        new = self._swap(info)
+        if new is None:
+            return self.discard("the source took the workspace back first", tell=False)
+        fault("move.dest.after-cas")
+        s.epoch = new
+        alloc = R.Allocation(id=s.allocation, provider=self.provider, machine=self.machine, host=hostname(),
+                             boot_id=boot_id(), pid=os.getpid(), pid_start=me()["pid_start"], python=s.python,
+                             memory_limit=s.memory, started=R.now(), epoch=new, capsule_in=cap)
+        started = sup.held_started or {}
+        self._append_until({"type": "authority", "holder": s.allocation, **info, "from_allocation": self.source,
+                    "capsule": entry, "distributions": facts.get("distributions"), "arch": facts.get("arch")},
+                   {"type": "allocation", "allocation": alloc.__dict__},
+                   {"type": "started", "allocation": s.allocation, "session_pid": started.get("pid"),
+                    "session_pid_start": started.get("pid_start"), "python_version": started.get("python_version"),
+                    "python": started.get("python_version"), "arch": started.get("arch"),
+                    "platform": started.get("platform")})
+        fault("move.dest.after-events")
+        sup.committed = True
+        sup._control({"op": "go", "epoch": new})
+        fault("move.dest.after-go")
+        try:
+            running = self._wait(("running",), 5.0, "starting the program")
+            paused = float(running["t"]) - float(src.get("paused_wall") or running["t"])
+        except SojournError:
+            paused = None
+        sup.append({"type": "move", "move": move, "outcome": "moved", "source": self.source,
+                    "destination": s.allocation, "capsule": cap, "machine": self.machine,
+                    "paused_ms": round(paused * 1e3, 1) if paused is not None else None,
+                    "restore_ms": round((t_restored - t_restore) * 1e3, 1),
+                    "restore": restored.get("timings")})
+        return True
+
+    def _append_until(self, *events: dict[str, Any]) -> None:
+        """Once the epoch is won there is no going back: retry while the repository is away."""
+        t_end = time.monotonic() + 120.0
+        while True:
+            try:
+                self.sup.append(*events)
+                return
+            except SojournError:
+                if time.monotonic() > t_end:
+                    raise
+                time.sleep(0.1)
+
+    def _swap(self, info: dict[str, Any]) -> int | None:
+        """The commit: epoch e -> e+1 for this allocation; None when the source took it. A
+        write that failed may still have happened (an object store's lost answer): the retry
+        then finds epoch e+1 taken by this very allocation."""
+        store, s = self.sup.store, self.sup.spec
+        t_end = time.monotonic() + 60.0
+        while True:
+            try:
+                return store.acquire(s.workspace, self.expected, s.allocation, **info)
+            except AuthorityLost as lost:
+                return lost.epoch if lost.holder == s.allocation else None
+            except SojournError:
+                if time.monotonic() > t_end:
+                    raise
+                time.sleep(0.1)
+
+    def _wait_source(self) -> dict[str, Any]:
+        store, ws, move = self.sup.store, self.sup.spec.workspace, self.move
+        t_end = time.monotonic() + self.deadline + 60.0
+        poll = poll_interval(store)
+        last_check = 0.0
+        while True:
+            try:
+                src = get_marker(store, ws, move, "source")
+            except SojournError:  # the repository is away for a moment: keep waiting
+                src = None
+            if src is not None:
+                return src
+            if self.sup._done.is_set():
+                raise SojournError("the destination's session ended while waiting for the capsule")
+            if time.monotonic() - last_check > 0.5:
+                last_check = time.monotonic()
+                try:
+                    self._check_epoch()
+                    rec = store.record(ws, save=False)
+                except _Gone:
+                    raise
+                except SojournError:
+                    continue
+                a = rec.allocation(self.source)
+                if a is None or not a.open:
+                    raise _Gone(f"the source {self.source} stopped ({a.stop_reason if a else 'unknown'}) before "
+                                "it paused for the move")
+                from sojourn.workspace.liveness import gone
+
+                why = gone(a)
+                if why:
+                    raise _Gone(f"the source {self.source} is gone: {why}")
+            if time.monotonic() > t_end:
+                raise SojournError(f"no capsule from the source within {self.deadline + 60:.0f} s")
+            time.sleep(poll)
+
+    def discard(self, why: str, tell: bool = True) -> bool:
+        """Give up: nothing of this allocation was recorded, the session is killed. ``tell``:
+        the source is told at once (else it notices by the epoch or its own failure)."""
+        self.sup.discarded = why
+        print(f"sojourn: move {self.move}: destination discarded: {why}", file=sys.stderr)
+        if tell:
+            try:
+                put_marker(self.sup.store, self.sup.spec.workspace, self.move, "dest",
+                           {"error": why, "requested": self.requested})
+            except SojournError:
+                pass
+        p = self.sup.proc
+        if p is not None and p.returncode is None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        return False
+
+
+class _Gone(SojournError):
+    pass
+
+
+def incoming_argv(python: str, *, repo: str, workspace: str, move: str, allocation: str, epoch: int, source: str,
+                  session_python: str, cwd: str, machine: str, provider: str = "local", memory: int | None = None,
+                  deadline: float = 600.0, timeout: float | None = None, preload: list[str] | None = None) -> list[str]:
+    argv = [python, "-m", "sojourn.workspace.migrate", "--repo", repo, "--workspace", workspace, "--move", move,
+            "--allocation", allocation, "--epoch", str(epoch), "--source", source, "--python", session_python,
+            "--cwd", cwd, "--machine", machine, "--provider", provider, "--deadline", str(deadline)]
+    if memory:
+        argv += ["--memory", str(memory)]
+    if timeout:
+        argv += ["--timeout", str(timeout)]
+    if preload:
+        argv += ["--preload", ",".join(preload)]
+    return argv
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m sojourn.workspace.migrate")
+    for name in ("--repo", "--workspace", "--move", "--allocation", "--source", "--python", "--cwd", "--machine"):
+        p.add_argument(name, required=True)
+    p.add_argument("--epoch", type=int, required=True)
+    p.add_argument("--provider", default="local")
+    p.add_argument("--memory", type=int, default=None)
+    p.add_argument("--deadline", type=float, default=600.0)
+    p.add_argument("--timeout", type=float, default=None)
+    p.add_argument("--preload", default="")
+    p.add_argument("--scan-interval", type=float, default=600.0)
+    ns = p.parse_args(argv)
+
+    from sojourn.repository.repo import open_repository
+    from sojourn.workspace.supervisor import SessionSpec, Supervisor
+
+    with open_repository(ns.repo) as repo:
+        store = WorkspaceStore(repo)
+        spec = SessionSpec(ns.workspace, ns.allocation, ns.epoch, ns.python, ns.cwd, memory=ns.memory,
+                           scan_interval=ns.scan_interval, incoming=True,
+                           preload=[m for m in ns.preload.split(",") if m])
+        sup = Supervisor(store, spec)
+        sup.incoming = Incoming(sup, ns.move, ns.source, ns.deadline, ns.timeout, ns.machine, ns.provider)
+        out = sup.run()
+    return out.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
