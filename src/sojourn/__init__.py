@@ -29,6 +29,19 @@ from sojourn.ops import (
 
 __version__ = "0.1.0"
 
+
+def load_ipython_extension(shell: object) -> None:
+    """``%load_ext sojourn``: the notebook front end loads only now (import sojourn stays cheap)."""
+    from sojourn.notebook import load_ipython_extension as load
+
+    load(shell)
+
+
+def unload_ipython_extension(shell: object) -> None:
+    from sojourn.notebook import unload_ipython_extension as unload
+
+    unload(shell)
+
 __all__ = [
     "CapsuleInfo",
     "CapsuleRef",

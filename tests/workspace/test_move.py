@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import interpreters
+from tests.conftest import interpreters, needs_python
 from tests.workspace.conftest import Shell, finish, wait_for
 
 COUNT = """
@@ -218,7 +218,7 @@ import threading, time
 ev = threading.Event()
 t = threading.Thread(target=ev.wait)
 t.start()
-for i in range(30):
+for i in range(150):
     with open("steps.txt", "a") as f:
         f.write(f"{i}\\n")
     print(i, flush=True)
@@ -231,7 +231,7 @@ ev.set()
     res = mv.move(ws)
     assert res.returncode == 1 and "refused" in res.stderr and "keeps running" in res.stderr, res.stderr
     code, _, _ = finish(run)
-    assert code == 0 and mv.steps() == list(range(30))
+    assert code == 0 and mv.steps() == list(range(150))
     rec = mv.record(ws)
     assert rec["state"] == "finished" and len(rec["allocations"]) == 1
     assert [m["outcome"] for m in moves_of(rec)] == ["refused"]
@@ -253,3 +253,220 @@ def test_move_json(mv: Mover) -> None:
     assert doc["moved"] and doc["workspace"] == ws and doc["capsule"].startswith("cap_")
     finish(run)
     mv.check_final(ws)
+
+
+# -- moves between machines: the destination launched by the machine's provider -------------
+
+
+def machines_set(sh: Shell, *args: str) -> None:
+    p = sh.cli("machines", "set", *args)
+    assert p.returncode == 0, p.stderr
+
+
+def scratch_steps(a: dict[str, Any]) -> list[int]:
+    path = Path(a["scratch"]) / "steps.txt"
+    return [int(x) for x in path.read_text().split()] if path.exists() else []
+
+
+def wait_output(sh: Shell, ws: str, lines: int) -> None:
+    wait_for(lambda: sh.cli("logs", ws, "--stream", "stdout").stdout.count("\n") >= lines, 60, f"{lines} lines")
+
+
+def test_move_between_machines_through_the_provider(mv: Mover) -> None:
+    """`run --on small --detach`, then `move --to big`: the destination is launched by the
+    local provider in big's scratch directory, with the files the program wrote on small
+    (from the move's capsule), under big's limits; the allocation names provider, machine,
+    offer, scratch, hard stop and handle like `run --on`; each allocation has its spend."""
+    sh = mv.sh
+    machines_set(sh, "small", "--memory", "300MiB", "--cpus", "1", "--price", "0.10")
+    machines_set(sh, "big", "--memory", "16GiB", "--price", "3600", "--max-duration", "1h")
+    p = sh.cli("run", "--on", "small", "--detach", "count.py", str(mv.n))
+    assert p.returncode == 0, p.stderr
+    ws = p.stdout.strip()
+    small = sh.show(ws)["allocations"][0]
+    wait_for(lambda: len(scratch_steps(small)) >= 5, 30, "the program to run on small")
+    res = mv.move(ws, "big")
+    assert res.returncode == 0, res.stderr
+    assert "starting on local:big in " in res.stderr and "moved to al_" in res.stderr, res.stderr
+    follow = sh.cli("logs", "-f", ws, "--stream", "stdout")
+    assert follow.stdout == mv.expected
+    rec = mv.wait_end(ws)
+    a, b = rec["allocations"]
+    assert (a["machine"], a["stop_reason"], b["machine"], b["stop_reason"]) == ("small", "moved", "big", "finished")
+    assert a["memory_limit"] == 300 << 20 and b["memory_limit"] == 16 << 30
+    scratch = Path(sh.env["SOJOURN_HOME"]) / "machines"
+    assert Path(b["scratch"]) == scratch / "big" / b["id"] and Path(a["scratch"]) == scratch / "small" / a["id"]
+    assert b["provider"] == "local" and b["offer"]["price_per_hour"] == 3600 and b["offer"]["name"] == "big"
+    assert b["handle"]["provider"] == "local" and b["handle"]["data"]["pid"] == b["pid"]
+    assert b["handle"]["data"]["scratch"] == b["scratch"]
+    assert b["hard_stop"] == pytest.approx(b["started"] + 3600, abs=0.01)
+    # Each step's effect once: the file the program wrote on small came along in the capsule.
+    assert scratch_steps(b) == list(range(mv.n)), scratch_steps(b)
+    assert 0 < len(scratch_steps(a)) < mv.n
+    assert (Path(b["scratch"]) / "count.py").exists()
+    assert b["capsule_in"] == a["capsule_out"] == rec["capsules"][0]["id"]
+    assert rec["files"]["allocation"] == b["id"]
+    # Spend: price x wall time, the source's up to the commit (3600 $/h = 1 $/s on big).
+    assert 0 < a["spend"] < 0.10 * (a["ended"] - a["started"]) / 3600 + 1e-6
+    assert 0.5 * (b["ended"] - b["started"]) < b["spend"] < (b["ended"] - b["started"]) + 0.5
+    (m,) = moves_of(rec)
+    assert m["outcome"] == "moved" and m["machine"] == "big" and m["paused_ms"] is not None
+    shown = sh.cli("show", ws).stdout
+    for text in ("local:small", "local:big", "moved", "finished", f"move {m['move']} moved"):
+        assert text in shown, shown
+    assert holders_alive(mv.tag) == []
+
+
+def test_readme_demo_small_to_big_on_two_interpreters(mv: Mover, tmp_path: Path) -> None:
+    """The README's path, on two different Pythons: machines set, run --on small --detach
+    examples/train.py, move --to big, show."""
+    py_small, py_big = needs_python("3.12"), needs_python("3.13")
+    sh = mv.sh
+    machines_set(sh, "small", "--memory", "2GiB", "--cpus", "1", "--python", py_small, "--price", "0.10")
+    machines_set(sh, "big", "--memory", "16GiB", "--python", py_big, "--price", "0.80")
+    train = (Path(__file__).parents[2] / "examples" / "train.py").read_text()
+    (sh.dir / "examples").mkdir()
+    (sh.dir / "examples" / "train.py").write_text(train)
+    expected = sh.plain("examples/train.py", "8").splitlines()
+    p = sh.cli("run", "--on", "small", "--detach", "examples/train.py", "8")
+    assert p.returncode == 0, p.stderr
+    ws = p.stdout.strip()
+    wait_output(sh, ws, 3)
+    res = mv.move(ws, "big")
+    assert res.returncode == 0, res.stderr
+    out = sh.cli("logs", "-f", ws, "--stream", "stdout").stdout.splitlines()
+    # Each batch line once, in order (the numbers may differ in the last digits between numpy builds).
+    assert [ln.split(" loss")[0] for ln in out] == [ln.split(" loss")[0] for ln in expected], out
+    assert out[-1].startswith("accuracy ")
+    rec = mv.wait_end(ws)
+    a, b = rec["allocations"]
+    assert (a["machine"], a["stop_reason"], b["machine"], b["stop_reason"]) == ("small", "moved", "big", "finished")
+    assert a["python_version"].startswith("3.12") and b["python_version"].startswith("3.13")
+    assert a["spend"] > 0 and b["spend"] > 0
+    shown = sh.cli("show", ws).stdout
+    for text in ("local:small", "local:big", "moved", "finished", "move mv_", "$0.0"):
+        assert text in shown, shown
+
+
+def test_a_workspace_not_on_a_machine_moves_to_one_with_a_snapshot_of_its_directory(mv: Mover) -> None:
+    machines_set(mv.sh, "big", "--price", "0.80")
+    run, ws = mv.start()
+    res = mv.move(ws, "big")
+    assert res.returncode == 0, res.stderr
+    code, _, _ = finish(run)
+    assert code == 78
+    rec = mv.wait_end(ws)
+    b = rec["allocations"][1]
+    assert b["machine"] == "big" and b["scratch"] and (Path(b["scratch"]) / "count.py").exists()
+    assert mv.sh.cli("logs", ws, "--stream", "stdout").stdout == mv.expected
+    assert any(e["type"] == "files" and e["allocation"] == b["id"] for e in rec["events"])
+
+
+def test_a_machine_with_a_missing_interpreter_is_refused_before_anything_runs(mv: Mover) -> None:
+    machines_set(mv.sh, "ghost", "--python", "/no/such/python3.99")
+    run, ws = mv.start()
+    res = mv.move(ws, "ghost")
+    assert res.returncode == 2 and "no Python interpreter '/no/such/python3.99'" in res.stderr, res.stderr
+    assert mv.record(ws)["state"] == "running"
+    assert mv.sh.cli("suspend", ws).returncode == 0
+    finish(run)
+
+
+# -- the holes: signals during a hold, the abort's message, a destination dead before go ----
+
+
+def test_sigterm_during_the_hold_of_an_aborted_move_pauses_the_program(mv: Mover) -> None:
+    """SIGTERM reaches the source while its session is held; the destination then dies: the
+    program pauses as SIGTERM asked (suspended on the move's capsule, checked), not carries on."""
+    run, ws = mv.start(fault="move.session.held:wait")
+    cli = mv.sh.start("move", ws, "--to", "local", env={"SOJOURN_FAULT": "move.dest.after-capsule-seen:kill"})
+    mv.hit("move.session.held")
+    os.kill(run.pid, signal.SIGTERM)  # the `sojourn run` in front forwards it to the session
+    time.sleep(0.3)
+    mv.go("move.session.held")
+    code, out, err = finish(run)
+    assert code == 75, err
+    assert "aborted" in err and "pausing as SIGTERM asked" in err, err
+    finish(cli)
+    rec = mv.record(ws)
+    assert rec["state"] == "suspended" and rec["stop_reason"] == "suspended", rec["detail"]
+    assert "SIGTERM" in rec["detail"] and rec["last_capsule"]["verified"]
+    assert [m["outcome"] for m in moves_of(rec)] == ["aborted"]
+    assert rec["last_capsule"]["id"] == moves_of(rec)[0]["capsule"]
+    mv.check_final(ws, out)
+
+
+def test_an_aborted_move_says_so_and_the_program_continues(mv: Mover) -> None:
+    run, ws = mv.start()
+    res = mv.move(ws, "local", "move.dest.after-restore:kill")
+    assert res.returncode == 1 and "not moved" in res.stderr, res.stderr
+    code, _, err = finish(run)
+    assert code == 0
+    assert "aborted: the destination" in err and "the program continues here" in err, err
+    assert "checkpoint cap_" not in err, err
+    assert "the program continues here" in mv.sh.cli("logs", ws, "--stream", "stderr").stderr
+    mv.check_final(ws)
+
+
+def test_destination_dead_after_its_events_before_go_leaves_it_suspended(mv: Mover) -> None:
+    """Committed but never ran there: suspended on the move's capsule (not failed)."""
+    run, ws = mv.start()
+    mv.move(ws, "local", "move.dest.after-events:kill")
+    finish(run)
+    rec = mv.wait_end(ws)
+    a, b = rec["allocations"]
+    assert rec["state"] == "suspended", (rec["state"], rec["detail"])
+    assert a["stop_reason"] == "moved" and b["stop_reason"] == "failed" and "before the program ran" in b["detail"]
+    assert rec["last_capsule"]["id"] == b["capsule_in"] and rec["last_capsule"]["reason"] == "move"
+    mv.check_final(ws)
+
+
+def test_a_remote_destinations_timeout_says_what_it_waited_for() -> None:
+    from sojourn.workspace.migrate import timeout_reason
+
+    why = timeout_reason({"host": "elsewhere", "pid": 7, "machine": "gpu"}, 130)
+    assert "gpu (elsewhere, supervisor pid 7)" in why and "130 s" in why and "another host" in why
+    assert "--timeout" in why
+    assert "never said it was ready" in timeout_reason(None, 5)
+
+
+# -- checkpoints on request, fork --now -----------------------------------------------------
+
+
+TICKS = """
+import time
+total = 0
+for i in range(120):
+    total += i
+    print(i, total, flush=True)
+    time.sleep(0.03)
+print("done", total)
+"""
+
+
+def test_checkpoint_and_fork_now_while_the_program_runs(mv: Mover) -> None:
+    sh = mv.sh
+    sh.write("ticks.py", TICKS, prelude=False)
+    expected = sh.plain("ticks.py")
+    run = sh.start("run", "ticks.py")
+    ws = sh.workspace_of(run)
+    wait_output(sh, ws, 5)
+    cp = sh.cli("checkpoint", ws)
+    assert cp.returncode == 0, cp.stderr
+    cap = cp.stdout.strip()
+    assert cap.startswith("cap_") and "keeps running" in cp.stderr
+    rec = sh.show(ws)
+    assert rec["state"] == "running" and rec["pending"] is None
+    assert rec["last_capsule"]["id"] == cap and rec["last_capsule"]["verified"]
+    fk = sh.cli("fork", ws, "--now", "--name", "branch", "--json")
+    assert fk.returncode == 0, fk.stderr
+    doc = json.loads(fk.stdout)
+    assert doc["capsule"] != cap and doc["name"] == "branch"
+    code, out, _ = finish(run)
+    assert code == 0 and out == expected  # the source never stopped
+    res = sh.cli("resume", "branch")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout and expected.endswith(res.stdout) and len(res.stdout) < len(expected)
+    assert sh.show(ws)["state"] == "finished"
+    refused = sh.cli("checkpoint", ws)
+    assert refused.returncode == 2 and "is not running (finished)" in refused.stderr

@@ -4,10 +4,14 @@ Order of work, and why:
 
 1. pickle every variable into one stream with one memo (aliasing across variables
    survives), recording each variable's segment and buffers; problems are collected, not
-   raised, so that the error lists every object that cannot travel;
+   raised, so that the error lists every object that cannot travel. The chunks of each
+   variable's buffers are hashed and written while the next variables are pickled (until
+   a problem is found: from then on nothing more is written);
 2. snapshot the workspace files (open writers were flushed by their reducer in step 1);
-3. write buffer chunks, file chunks and stream chunks in parallel (only new ones);
+3. write file chunks and stream chunks (only new ones), and wait for every write;
 4. flush, then write the manifest: a manifest never names a chunk that is not durable.
+   A capture that fails writes no manifest; chunks it had already stored are named by no
+   capsule, and the error says so.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import io
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +32,7 @@ from sojourn.capsule.pickler import BufferOut, CapsulePickler, CaptureContext
 from sojourn.capsule.reducers.rng import capture_process_state
 from sojourn.capsule.scan import problems_with_paths
 from sojourn.errors import CaptureError, Problem
-from sojourn.repository.chunks import WriteStats
+from sojourn.repository.chunks import BufferRecord, PendingPut, WriteStats
 from sojourn.repository.locks import holds_capture_lock
 from sojourn.repository.repo import Repository
 
@@ -41,6 +46,10 @@ SKIPPED_NAMES = frozenset(
         "In", "Out", "get_ipython", "exit", "quit", "_ih", "_oh", "_dh", "_", "__", "___",
     }
 )
+
+
+# Buffers are written while pickling goes on once this many bytes of them are waiting.
+EARLY_WRITE_BYTES = 16 << 20
 
 
 def skipped(name: str) -> bool:
@@ -68,7 +77,10 @@ def pickle_namespace(
     *,
     workspace: Path | None = None,
     extra: dict[str, Any] | None = None,
+    on_variable: Callable[[list[BufferOut], bool], None] | None = None,
 ) -> Pickled:
+    """Pickle ``namespace``; ``on_variable(buffers, clean)`` sees each variable's buffers as
+    soon as it is pickled (``clean``: no problem found so far)."""
     ctx = CaptureContext(workspace=workspace, namespace=namespace)
     sink = io.BytesIO()
     pickler = CapsulePickler(sink, ctx)
@@ -86,6 +98,8 @@ def pickle_namespace(
         ranges.append((b0, len(pickler.buffers)))
         types_.append(_type_name(value))
         roots[name] = value
+        if on_variable is not None:
+            on_variable(pickler.buffers[b0:], not ctx.problems)
     if ctx.problems:
         problems = problems_with_paths(roots, ctx.problems)
         raise CaptureError(_problems_message(problems), problems)
@@ -95,18 +109,37 @@ def pickle_namespace(
     )
 
 
+def _wait_quietly(pending: list[PendingPut]) -> None:
+    # A failing capture still waits for its writes: they read the user's buffers.
+    for job in pending:
+        try:
+            job.wait()
+        except Exception:
+            pass
+
+
 def _type_name(value: Any) -> str:
     t = type(value)
     return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
 
 
-def _problems_message(problems: list[Problem]) -> str:
-    lines = [f"{len(problems)} object(s) cannot travel in a capsule; nothing was written:"]
+def _problems_message(problems: list[Problem], stats: WriteStats | None = None) -> str:
+    if stats is None or not stats.chunks_new:
+        written = "nothing was written"
+    else:
+        written = (
+            f"no capsule was written ({stats.chunks_new} chunk(s), {stats.written} bytes, of "
+            "arrays pickled before the first problem were already stored; no capsule refers "
+            "to them and `sojourn gc` removes them)"
+        )
+    lines = [f"{len(problems)} object(s) cannot travel in a capsule; {written}:"]
     lines += [f"  - {p}" for p in problems]
     return "\n".join(lines)
 
 
-@holds_capture_lock  # gc never deletes a chunk this capture reuses (repository/locks.py)
+# gc safety (history helper, docs/history-and-gc.md): a shared repository lock from the
+# first chunk written or skipped until the manifest is stored, so gc cannot delete them.
+@holds_capture_lock
 def capture_namespace(
     namespace: dict[str, Any],
     repo: Repository,
@@ -118,21 +151,53 @@ def capture_namespace(
 ) -> fmt.Manifest:
     t0 = time.perf_counter()
     workspace = Path(files).absolute() if files is not None else Path.cwd()
-    pickled = pickle_namespace(namespace, workspace=workspace, extra=extra)
+    parent_manifest = fmt.load_manifest(repo, parent) if parent else None
+    stats = WriteStats()
+    pending: list[PendingPut] = []
+    waiting: list[BufferOut] = []
+
+    def write_early(buffers: list[BufferOut], clean: bool) -> None:
+        # Writing arrays while the next variables are pickled hides the pickling behind the
+        # disk. Once a problem is known the capture will fail: stop writing. Small states
+        # are written at the end, so that a failing capture of one writes nothing at all.
+        waiting.extend(buffers)
+        if clean and sum(b.view.nbytes for b in waiting) >= EARLY_WRITE_BYTES:
+            pending.append(repo.chunks.start_put_many([b.view for b in waiting], stats))
+            waiting.clear()
+
+    try:
+        pickled = pickle_namespace(namespace, workspace=workspace, extra=extra, on_variable=write_early)
+    except CaptureError as e:
+        _wait_quietly(pending)
+        raise CaptureError(_problems_message(e.problems, stats), e.problems) from None
+    except BaseException:
+        _wait_quietly(pending)
+        raise
     t_pickle = time.perf_counter()
 
-    stats = WriteStats()
-    parent_manifest = fmt.load_manifest(repo, parent) if parent else None
     files_json = None
-    if files is not None:
-        from sojourn.capsule.workspace_files import snapshot
+    try:
+        if files is not None:
+            from sojourn.capsule.workspace_files import snapshot
 
-        previous = parent_manifest.files if parent_manifest is not None else None
-        files_json = snapshot(Path(files), repo.chunks, stats, previous=previous)
-
-    views = [b.view for b in pickled.buffers]
-    records = repo.chunks.put_many(views, stats)
-    stream_record = repo.chunks.put(pickled.stream, stats, codec="zstd")
+            previous = parent_manifest.files if parent_manifest is not None else None
+            files_json = snapshot(Path(files), repo.chunks, stats, previous=previous)
+        if waiting:
+            pending.append(repo.chunks.start_put_many([b.view for b in waiting], stats))
+        stream_put = repo.chunks.start_put_many([memoryview(pickled.stream)], stats, codec="zstd")
+    except BaseException:
+        _wait_quietly(pending)
+        raise
+    records: list[BufferRecord] = []
+    errors: list[BaseException] = []
+    for job in [*pending, stream_put]:
+        try:
+            records.extend(job.wait())
+        except Exception as e:  # every write ends before anything is raised
+            errors.append(e)
+    if errors:
+        raise errors[0]
+    stream_record = records.pop()
     t_write = time.perf_counter()
 
     stream = memoryview(pickled.stream)

@@ -12,11 +12,29 @@ from sojourn.errors import SojournWarning
 
 
 @functools.lru_cache(maxsize=1)
-def _packages() -> dict[str, list[str]]:
+def _top_levels() -> list[tuple[Any, frozenset[str]]]:
+    """Every installed distribution with the top-level modules it provides."""
+    # What packages_distributions() reads, minus its parsing of every distribution's
+    # METADATA for its name (most of its cost, ~1 s on a large environment): only the
+    # distributions of modules a capsule uses need a name.
+    declared = getattr(md, "_top_level_declared", None)
+    inferred = getattr(md, "_top_level_inferred", None)
+    if declared is None or inferred is None:
+        return []
+    return [(d, frozenset(declared(d) or inferred(d))) for d in md.distributions()]
+
+
+@functools.cache
+def _providers(mod: str) -> tuple[str, ...]:
+    """Names of the distributions that provide top-level module ``mod`` (as
+    ``importlib.metadata.packages_distributions()[mod]``, in the same order)."""
     try:
-        return dict(md.packages_distributions())
+        tops = _top_levels()
+        if not tops:
+            return tuple(md.packages_distributions().get(mod, []))
+        return tuple(d.metadata["Name"] for d, names in tops if mod in names)
     except Exception:
-        return {}
+        return ()
 
 
 def distributions_for(modules: set[str]) -> dict[str, str]:
@@ -24,7 +42,7 @@ def distributions_for(modules: set[str]) -> dict[str, str]:
     for mod in sorted(modules):
         if mod in sys.stdlib_module_names or mod in ("builtins", "__main__", "sojourn"):
             continue
-        for dist in _packages().get(mod, []):
+        for dist in _providers(mod):
             try:
                 out[dist] = md.version(dist)
             except md.PackageNotFoundError:

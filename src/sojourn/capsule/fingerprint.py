@@ -21,7 +21,7 @@ forms differ.
 from __future__ import annotations
 
 import pickletools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import blake3
@@ -74,13 +74,26 @@ def canonical_digests(
     segments: Sequence[tuple[int, int]],
     buffer_hashes: Sequence[Sequence[str]],
     wanted: set[int],
+    *,
+    first: int = 0,
+    base: int = 0,
+    extern: Callable[[int], Any] | None = None,
 ) -> dict[int, str]:
-    """Canonical digests of the values of the ``wanted`` segments of ``stream``."""
-    memo: list[Any] = []
+    """Canonical digests of the values of the ``wanted`` segments of ``stream``.
+
+    By default the whole stream is read. With ``first``, reading starts at that segment:
+    its memo starts at index ``base`` (the entries the segments before it made), and
+    ``buffer_hashes`` starts with that segment's first buffer; a reference to an earlier
+    entry is ``extern(index)``, a canonical stand-in for it (see :func:`extern_token`).
+    """
+    memo: dict[int, Any] = {}
+    next_index = base
     buffers = iter(buffer_hashes)
     out: dict[int, str] = {}
     data = bytes(stream)
     for index, (start, end) in enumerate(segments):
+        if index < first:
+            continue
         stack: list[Any] = []
         value: Any = None
         arg: Any
@@ -92,13 +105,18 @@ def canonical_digests(
                 value = stack.pop()
                 break
             if name == "MEMOIZE":
-                memo.append(stack[-1])
+                memo[next_index] = stack[-1]
+                next_index += 1
             elif name in ("BINGET", "LONG_BINGET", "GET"):
-                stack.append(memo[arg])
+                if arg in memo:
+                    stack.append(memo[arg])
+                elif extern is not None and arg < base:
+                    stack.append(extern(arg))
+                else:
+                    raise ValueError(f"the stream refers to memo entry {arg}, which it never made")
             elif name in ("BINPUT", "LONG_BINPUT", "PUT"):
-                while len(memo) <= arg:
-                    memo.append(None)
                 memo[arg] = stack[-1]
+                next_index = max(next_index, arg + 1)
             elif name == "MARK":
                 stack.append(_MARK)
             elif name == "EMPTY_LIST":
@@ -184,6 +202,21 @@ def canonical_digests(
         if index in wanted:
             out[index] = _digest(value)
     return out
+
+
+def extern_token(obj: Any, index: int) -> Any:
+    """How a segment read on its own sees an object that an earlier segment made.
+
+    Strings and bytes are values (their identity is not part of the content, as in the
+    whole-stream reading); anything else is "the object at memo ``index``", which the
+    caller must know to be the same object in both streams (the streams are identical up
+    to the first segment read).
+    """
+    if type(obj) in (str, bytes):
+        return obj
+    if type(obj) is bytearray:
+        return ("bytearray", bytes(obj))
+    return ("extern", index)
 
 
 def _digest(value: Any) -> str:

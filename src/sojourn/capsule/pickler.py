@@ -21,6 +21,7 @@ import io
 import pickle
 import sys
 import types
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,8 @@ class CapsulePickler(pickle.Pickler):
         self._tagged: dict[int, tuple[pickle.PickleBuffer, str, dict[str, Any], Any]] = {}
         self._keep: list[Any] = []
         self._shared_globals: dict[int, dict[str, Any]] = {}
+        # Types that take the generic path -> whether their module was noted already.
+        self._generic: dict[type, bool] = {}
 
     # -- out-of-band buffers ------------------------------------------------------------------
 
@@ -103,33 +106,126 @@ class CapsulePickler(pickle.Pickler):
 
     def reducer_override(self, obj: Any) -> Any:
         t = type(obj)
-        reducer = registry.lookup(t)
-        if reducer is not None:
-            return reducer(obj, self)
-        if isinstance(obj, type):
-            from sojourn.capsule.reducers import code
+        if t not in self._generic:
+            reducer = registry.lookup(t)
+            if reducer is not None:
+                return reducer(obj, self)
+            if isinstance(obj, type):
+                from sojourn.capsule.reducers import code
 
-            return code.reduce_class(obj, self)
-        if t is types.FunctionType:
-            from sojourn.capsule.reducers import code
+                return code.reduce_class(obj, self)
+            if t is types.FunctionType:
+                from sojourn.capsule.reducers import code
 
-            return code.reduce_function(obj, self)
-        if t in _NATIVE or t in copyreg.dispatch_table:
-            return NotImplemented
-        reason = _refusal(obj)
-        if reason is not None:
-            return self.problem(obj, reason)
+                return code.reduce_function(obj, self)
+            if t in _NATIVE or t in copyreg.dispatch_table:
+                return NotImplemented
+            reason = _refusal(obj)
+            if reason is not None:
+                return self.problem(obj, reason)
+            # Every test above depends on the type alone: the next object of this type (there
+            # are often 10^5 of them) goes straight to its own __reduce_ex__.
+            self._generic[t] = False
         try:
             rv = obj.__reduce_ex__(PROTOCOL)
         except Exception as e:
             return self.problem(obj, _explain(obj, e))
+        if isinstance(rv, tuple):
+            if rv:
+                if not self._generic[t]:
+                    self._generic[t] = True
+                    self.note_module(getattr(t, "__module__", None))
+                if len(rv) >= 3:
+                    return _exact_build(t, rv)
+            return rv
         if isinstance(rv, str):
             self.note_module(getattr(obj, "__module__", None))
             return NotImplemented  # a global: pickle looks it up by name
-        if isinstance(rv, tuple) and rv:
-            cls = getattr(t, "__module__", None)
-            self.note_module(cls)
         return rv
+
+
+# -- identity-exact default state --------------------------------------------------------------
+#
+# pickle's BUILD, for an object without __setstate__, interns every key of the state dict
+# as it copies it into the instance dict. A string that the stream shares (one memo entry)
+# between an attribute name and another place (a plain dict key, a list item) then comes
+# back as two objects, and the restored graph no longer pickles to the captured bytes: the
+# fingerprint check falls back to its slow symbolic comparison. Restoring the default state
+# through a state_setter that does what BUILD does, without interning, keeps the identity of
+# every string exactly as the stream has it.
+
+
+def _exact_build(t: type, rv: tuple[Any, ...]) -> tuple[Any, ...]:
+    state = rv[2]
+    if len(rv) > 5 and rv[5] is not None:
+        return rv
+    if type(state) is dict:
+        if "__setstate__" in state:
+            return rv
+    elif not (
+        type(state) is tuple and len(state) == 2 and (state[0] is None or type(state[0]) is dict)
+        and type(state[1]) is dict
+    ):
+        return rv  # None (no state) or a state only the object's own __setstate__ reads
+    if not _plain_build(t):
+        return rv
+    if type(state) is tuple and state[1]:
+        names = _SLOT_NAMES.get(t)
+        if names:
+            # Slot names come from the class, not from the object: after a restore, use the
+            # string objects the stream gave them (see _dict_setstate).
+            state = (state[0], {names.get(k, k): v for k, v in state[1].items()})
+    n = len(rv)
+    return (rv[0], rv[1], state, rv[3] if n > 3 else None, rv[4] if n > 4 else None, _dict_setstate)
+
+
+_PLAIN_BUILD: dict[type, bool] = {}
+
+
+def _plain_build(t: type) -> bool:
+    """True when BUILD on ``t``'s instances is the default dict update (no __setstate__)."""
+    try:
+        return _PLAIN_BUILD[t]
+    except KeyError:
+        pass
+    # BUILD looks __setstate__ up on the instance: a Python __getattribute__ or __getattr__
+    # could answer, so only types with C attribute lookup and no __getattr__ qualify.
+    plain = (
+        getattr(t, "__setstate__", None) is None
+        and getattr(t, "__getattr__", None) is None
+        and isinstance(t.__getattribute__, types.WrapperDescriptorType)
+    )
+    _PLAIN_BUILD[t] = plain
+    return plain
+
+
+def _dict_setstate(obj: Any, state: Any) -> None:
+    """pickle's default BUILD for an object without ``__setstate__``, minus key interning."""
+    slots = None
+    if type(state) is tuple:
+        state, slots = state
+    if state:
+        d = obj.__dict__
+        if d:
+            d.update(state)
+        else:
+            try:
+                # The stream's dict becomes the instance dict: an alias to ``obj.__dict__``
+                # elsewhere in the graph stays an alias.
+                obj.__dict__ = state
+            except (AttributeError, TypeError):
+                d.update(state)
+    if slots:
+        names = _SLOT_NAMES.get(type(obj))
+        if names is None:
+            names = _SLOT_NAMES[type(obj)] = {}
+        for k, v in slots.items():
+            names[k] = k
+            setattr(obj, k, v)
+
+
+# A class -> its slot names as the last restored stream spelled them (same string objects).
+_SLOT_NAMES: weakref.WeakKeyDictionary[type, dict[str, str]] = weakref.WeakKeyDictionary()
 
 
 # Types whose pickling the C pickler does best on its own.

@@ -94,6 +94,10 @@ TEXTS: _ByCode[tuple[str, tuple[str, ...]]] = _ByCode()
 _COMPILED: dict[Source, Compiled] = {}
 _FUTURES = ("annotations", "barry_as_FLUFL")  # the only features that still change code
 _COMPREHENSIONS = {"<listcomp>", "<setcomp>", "<dictcomp>", "<genexpr>"}
+# Files of interactive code (notebook cells), oldest first, kept by the front end that runs
+# them (sojourn.notebook). A class of __main__ whose methods were all made by a decorator
+# from a string (a dataclass) names no file of its own; its cell is found among these.
+INTERACTIVE_FILES: list[str] = []
 
 
 class SourceError(Exception):
@@ -311,7 +315,8 @@ def _class_text(cls: type) -> tuple[str, str, tuple[str, ...] | None, ast.Module
     glb = module.__dict__ if module is not None else None
     # Where its own methods were compiled (a notebook cell, a string given to exec), or its
     # module's file; methods made by a library (namedtuple's) name files that do not exist.
-    names = dict.fromkeys([c.co_filename for c in own] + [getattr(module, "__file__", None) or ""])
+    names = dict.fromkeys([c.co_filename for c in own] + [getattr(module, "__file__", None) or ""]
+                          + (INTERACTIVE_FILES[::-1] if cls.__module__ == "__main__" else []))
     unreadable: tuple[str, int] | None = None
     for name in filter(None, names):
         text = _file_text(name, glb)

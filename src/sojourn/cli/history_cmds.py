@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import click
@@ -24,19 +27,69 @@ def _say(message: str) -> None:
 @click.option("--name", default=None, help="Name of the new workspace (default: WORKSPACE's name + '-fork').")
 @click.option("--capsule", default=None,
               help="Fork from this capsule of WORKSPACE (id or unique prefix; default: its last good one).")
+@click.option("--now", is_flag=True,
+              help="Ask the running WORKSPACE for a checkpoint first and fork from it (it keeps running).")
+@click.option("--deadline", type=float, default=600.0, show_default=True,
+              help="With --now: seconds the program may take to reach a statement where it can pause.")
 @json_option
-def fork_cmd(workspace: str, repo: str | None, name: str | None, capsule: str | None, as_json: bool) -> None:
+def fork_cmd(workspace: str, repo: str | None, name: str | None, capsule: str | None, now: bool,
+             deadline: float, as_json: bool) -> None:
     """Make a new workspace that carries on from a capsule of WORKSPACE.
 
     The fork is suspended: `sojourn resume NEW` runs it. WORKSPACE itself is untouched (it
     may be running); the two then go their own ways and share every chunk they have in common.
     """
-    res = ops.fork(workspace, repo=repo, name=name, capsule=capsule)
+    with _refusal(as_json):
+        res = ops.fork(workspace, repo=repo, name=name, capsule=capsule, now=now, deadline=deadline or None,
+                       on_progress=_waiting)
     if as_json:
         emit_json(res.to_json())
         return
     click.echo(res.workspace)
     _say(f"workspace {res.workspace} ({res.name}) forked from {res.source_name} at {res.capsule}; {res.hint}")
+
+
+def _waiting(kind: str, ev: dict[str, Any]) -> None:
+    if kind == "waiting":
+        _say(f"waiting for the program to reach a statement where it can pause ({ev.get('seconds', 0):.0f} s): "
+             f"{ev.get('why')}")
+
+
+@contextmanager
+def _refusal(as_json: bool) -> Iterator[None]:
+    """A refused checkpoint: say why (each object that cannot travel) and exit 1."""
+    from sojourn.workspace.sessions import PauseRefused
+
+    try:
+        yield
+    except PauseRefused as e:
+        if as_json:
+            emit_json({"ok": False, "refused": str(e), "problems": e.problems})
+        lines = [f"checkpoint refused; the program keeps running: {e}"]
+        if e.problems and str(e).count("\n") == 0:
+            lines += [f"  - {p['path']} ({p['type']}): {p['reason']}" for p in e.problems]
+        _say("\n".join(lines))
+        sys.exit(1)
+
+
+@click.command("checkpoint")
+@click.argument("workspace")
+@repo_option
+@click.option("--deadline", type=float, default=600.0, show_default=True,
+              help="Seconds the program may take to reach a statement where it can pause (0: no limit).")
+@json_option
+def checkpoint_cmd(workspace: str, repo: str | None, deadline: float, as_json: bool) -> None:
+    """Take a checkpoint of a running WORKSPACE: a capsule written between two statements while
+    the program keeps running. Prints its id once it passed the write check; it is then the
+    workspace's last good capsule (`sojourn fork --capsule`, or what a crash resumes from)."""
+    with _refusal(as_json):
+        res = ops.checkpoint(workspace, repo=repo, deadline=deadline or None, on_progress=_waiting)
+    if as_json:
+        emit_json({"ok": True, **res.to_json()})
+        return
+    click.echo(res.capsule.id)
+    _say(f"workspace {res.workspace}: checkpoint {res.capsule.id} at {res.capsule.where} in {res.seconds:.2f} s "
+         f"({human_size(res.capsule.size)}, checked); the program keeps running")
 
 
 def _when(node: Any) -> str:

@@ -36,11 +36,14 @@ def _register() -> None:
     from sojourn.cli import offer_cmds
 
     offer_cmds.register(cli)
-    for cmd in (history_cmds.fork_cmd, history_cmds.history_cmd, history_cmds.gc_cmd):
+    for cmd in (history_cmds.fork_cmd, history_cmds.history_cmd, history_cmds.gc_cmd, history_cmds.checkpoint_cmd):
         cli.add_command(cmd)
     from sojourn.cli import move_cmds
 
     cli.add_command(move_cmds.move_cmd)
+    from sojourn.cli import policy_cmds
+
+    policy_cmds.register(cli)
 
 
 _register()

@@ -24,8 +24,11 @@ def _say(message: str) -> None:
               help="Seconds the program may take to reach a statement where it can pause.")
 @click.option("--timeout", type=float, default=None,
               help="Seconds the source waits for the destination's restore (default: from the capsule's size).")
+@click.option("--max-duration", default=None,
+              help="Hard stop of the destination, e.g. 2h, 90m (default: the machine's max_duration).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for programs.")
-def move_cmd(workspace: str, to: str, repo: str | None, deadline: float, timeout: float | None, as_json: bool) -> None:
+def move_cmd(workspace: str, to: str, repo: str | None, deadline: float, timeout: float | None,
+             max_duration: str | None, as_json: bool) -> None:
     """Move a running WORKSPACE to another machine, live: it keeps running here until the
     destination has restored and checked its capsule, then carries on there.
 
@@ -35,14 +38,17 @@ def move_cmd(workspace: str, to: str, repo: str | None, deadline: float, timeout
 
     def progress(kind: str, info: dict[str, Any]) -> None:
         if kind == "launched" and not as_json:
-            _say(f"move {info['move']}: destination {info['allocation']} starting on {info['machine']}")
+            where = f" in {info['scratch']}" if info.get("scratch") else ""
+            _say(f"move {info['move']}: destination {info['allocation']} starting on {info['provider']}:"
+                 f"{info['machine']}{where}")
 
-    res = move(workspace, to, repo=repo, deadline=deadline, timeout=timeout, on_progress=progress)
+    res = move(workspace, to, repo=repo, deadline=deadline, timeout=timeout, max_duration=max_duration,
+               on_progress=progress)
     if as_json:
         emit_json(res.to_json())
     elif res.moved:
         paused = f", paused {res.paused_ms:.0f} ms" if res.paused_ms is not None else ""
-        _say(f"workspace {res.workspace} moved to {res.destination} on {res.machine} ({res.python}): capsule "
+        _say(f"workspace {res.workspace} moved to {res.destination} on {res.provider}:{res.machine} ({res.python}): capsule "
              f"{res.capsule}{paused}; it runs there now")
     else:
         _say(f"workspace {res.workspace}: {res.message}; state {res.state}")

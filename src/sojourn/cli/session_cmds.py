@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from sojourn import ops
+from sojourn.cli import policy_cmds
 from sojourn.cli.capsule_cmds import repo_option
 from sojourn.cli.output import emit_json, human_size, table
 
@@ -70,8 +71,14 @@ def _machine_options(f: Any) -> Any:
     return f
 
 
-def _finish(result: Any) -> None:
+def _finish(result: Any, repo: str | None = None) -> None:
     """Say how the session ended (unless it simply finished) and exit with its code."""
+    if result.reason == "oom":  # issue 6: the OOM policy proposes a machine, or resumes there
+        from sojourn.cli.policy_cmds import after_oom
+
+        resumed = after_oom(result, repo, _echo, _started)
+        if resumed is not None:
+            _finish(resumed, repo)
     ws = result.workspace
     cap = result.capsule
     if result.reason == "oom" and cap is not None and cap.verified:
@@ -97,23 +104,37 @@ def _finish(result: Any) -> None:
 @click.option("--scan-interval", type=float, default=600.0, show_default=True,
               help="Seconds between background checks that warn about state a pause would refuse (0: never).")
 @_machine_options
+@policy_cmds.cheapest_options_of
 @click.argument("script")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run_cmd(repo: str | None, name: str | None, python: str | None, memory: str | None, scan_interval: float,
-            on: str | None, max_duration: str | None, detach: bool, script: str, args: tuple[str, ...]) -> None:
+            on: str | None, max_duration: str | None, detach: bool, cheapest: bool, gpu: str | None, gpus: int,
+            cpus: int | None, spot: bool, policies: tuple[str, ...], script: str, args: tuple[str, ...]) -> None:
     """Run SCRIPT with ARGS as __main__ in the current directory, in a new workspace.
 
     SIGTERM or SIGUSR1 (to this command or to the session), or `sojourn suspend`, pause it
     between two statements; `sojourn resume` carries it on. Exits with the script's own code
     when it finishes, 75 when it paused, 77 when it ran out of memory and was captured.
     """
+    if cheapest:  # issue 6: the machine is the cheapest offer that fits
+        if on:
+            raise click.UsageError("--cheapest chooses the machine: leave out --on")
+        on, memory = policy_cmds.choose(repo, memory, gpu, gpus, cpus, spot), None
+    elif gpu or gpus or cpus or spot:
+        raise click.UsageError("--gpu, --gpus, --cpus and --spot are requirements for --cheapest")
+
+    def started(start: Any) -> None:
+        _started(start)
+        policy_cmds.apply_policies(start.workspace, policies, repo)
+
     result = ops.run(script, list(args), repo=repo, name=name, python=python, memory=memory,
-                     on_output=_echo, on_start=_started, scan_interval=scan_interval, on=on,
+                     on_output=_echo, on_start=started, scan_interval=scan_interval, on=on,
                      max_duration=max_duration, detach=detach)
     if isinstance(result, ops.DetachedSession):
+        policy_cmds.apply_policies(result.workspace, policies, repo)
         _detached(result)
         return
-    _finish(result)
+    _finish(result, repo)
 
 
 @click.command("resume")
@@ -127,12 +148,17 @@ def resume_cmd(workspace: str, repo: str | None, python: str | None, memory: str
                max_duration: str | None, detach: bool) -> None:
     """Carry WORKSPACE on from its last capsule, in a new process, in the foreground (a
     workspace that last ran on a machine goes back to it unless --on says another)."""
-    result = ops.resume(workspace, repo=repo, python=python, memory=memory, on_output=_echo, on_start=_started,
+    def started(start: Any) -> None:
+        _started(start)
+        policy_cmds.keep_watching(start.workspace, repo)
+
+    result = ops.resume(workspace, repo=repo, python=python, memory=memory, on_output=_echo, on_start=started,
                         on=on, max_duration=max_duration, detach=detach)
     if isinstance(result, ops.DetachedSession):
+        policy_cmds.keep_watching(result.workspace, repo)
         _detached(result)
         return
-    _finish(result)
+    _finish(result, repo)
 
 
 @click.command("suspend")

@@ -16,7 +16,7 @@ from sojourn.ops.capsules import (
     scan,
     verify,
 )
-from sojourn.ops.history import fork, gc, history
+from sojourn.ops.history import checkpoint, fork, gc, history
 from sojourn.ops.machines import MachineInfo, machines, remove_machine, set_machine
 from sojourn.ops.workspaces import (
     DetachedSession,
@@ -42,6 +42,7 @@ __all__ = [
     "WorkspaceDetail",
     "WorkspaceLog",
     "capture",
+    "checkpoint",
     "follow_logs",
     "fork",
     "gc",

@@ -105,17 +105,18 @@ def run(
 
     limit = parse_duration(max_duration)
     with _Workspaces(repo, create=True) as store:
-        if detach:
+        found = _machine(store, on or "local", limit, python, memory) if (detach or on) else None
+        if found is not None and (detach or found[0].provider != "local"):  # slurm, ssh: through the provider
             from sojourn.workspace import onmachine
 
-            machine, offer = _machine(store, on or "local", limit, python, memory)
+            machine, offer = found
             p = onmachine.prepare_run(store, script, list(args), machine=machine, name=name,
                                       cwd=os.fspath(cwd) if cwd is not None else None)
             return _launch(store, p, offer)
-        spec = _machine(store, on, limit, python, memory)[0] if on else None
+        spec = found[0] if found is not None else None
         return sessions.run(store, script, list(args), name=name, python=python,
                             cwd=os.fspath(cwd) if cwd is not None else None, memory=sessions.parse_size(memory),
-                            on_output=on_output, on_start=on_start, scan_interval=scan_interval,
+                            on_output=on_output, on_start=_checked(store, found, on_start), scan_interval=scan_interval,
                             machine=spec, max_duration=limit)
 
 
@@ -144,14 +145,16 @@ def resume(
     with _Workspaces(repo) as store:
         if on is None and python is None and memory is None:
             on = _last_machine(store, workspace)
-        if detach:
+        found = _machine(store, on or "local", limit, python, memory) if (detach or on) else None
+        if found is not None and (detach or found[0].provider != "local"):  # slurm, ssh: through the provider
             from sojourn.workspace import onmachine
 
-            machine, offer = _machine(store, on or "local", limit, python, memory)
+            machine, offer = found
             return _launch(store, onmachine.prepare_resume(store, workspace, machine=machine), offer)
-        spec = _machine(store, on, limit, python, memory)[0] if on else None
+        spec = found[0] if found is not None else None
         return sessions.resume(store, workspace, python=python, cwd=os.fspath(cwd) if cwd is not None else None,
-                               memory=sessions.parse_size(memory), on_output=on_output, on_start=on_start,
+                               memory=sessions.parse_size(memory), on_output=on_output,
+                               on_start=_checked(store, found, on_start),
                                scan_interval=scan_interval, machine=spec, max_duration=limit)
 
 
@@ -182,6 +185,25 @@ def _machine(store: WorkspaceStore, on: str, limit: float | None, python: str | 
     return machine_for(store.repo, on, limit)
 
 
+def _checked(store: WorkspaceStore, found: tuple[MachineSpec, Offer] | None,
+             on_start: Callable[[SessionStart], None] | None) -> Callable[[SessionStart], None] | None:
+    """Issue 6: a foreground session on a machine records its four launch checks once its
+    allocation is there (the supervisor is this process: launched and reachable)."""
+    if found is None:
+        return on_start
+
+    def started(start: SessionStart) -> None:
+        from sojourn.ops.policy import check_events
+
+        store.append(start.workspace, start.epoch, start.allocation,
+                     *check_events(found[1], start.workspace, start.allocation, listed=True, launched=True,
+                                   launch=f"foreground supervisor, pid {os.getpid()}"))
+        if on_start is not None:
+            on_start(start)
+
+    return started
+
+
 def _last_machine(store: WorkspaceStore, workspace: str) -> str | None:
     """The machine the workspace last ran on, when it is still in the config."""
     from sojourn.providers.machines import has_config, load_machines
@@ -204,9 +226,15 @@ def _launch(store: WorkspaceStore, p: Prepared, offer: Offer) -> DetachedSession
 
     provider = get_provider(p.machine.provider, store.repo)
     argv = supervise_argv(store.repo.url, p.workspace, p.allocation, p.epoch, p.machine, p.capsule)
+    # Issue 6: the four checks (catalog, permission, capacity, launch), each a launch-check event.
+    from sojourn.providers.checks import launch_checked
+
+    p.scratch.mkdir(parents=True, exist_ok=True)  # a batch job's --chdir must exist before it starts
+    out = launch_checked(provider, offer, LaunchSpec(p.workspace, p.allocation, argv,
+                                                     hard_stop=p.machine.max_duration, cwd=str(p.scratch)))
+    store.append(p.workspace, p.epoch, p.allocation, *out.events(p.workspace, p.allocation))
     try:
-        handle = provider.launch(offer, LaunchSpec(p.workspace, p.allocation, argv,
-                                                   hard_stop=p.machine.max_duration, cwd=str(p.scratch)))
+        handle = out.raise_for_failure()
     except LaunchFailed as e:
         onmachine.abandon(store, p, f"the launch failed ({e.check}): {e}")
         raise

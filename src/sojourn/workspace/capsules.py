@@ -28,13 +28,18 @@ def verify_capsule(repo_url: str, capsule: str, *, python: str, cwd: str, timeou
     the capsule restored and every fingerprint equal, nothing run. None when it passes,
     else why not."""
     cmd = [python, "-m", "sojourn.execution", "--repo", repo_url, "check", capsule]
-    try:
-        proc = subprocess.run(cmd, cwd=cwd, env=child_env(), capture_output=True, text=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        return f"the check did not finish within {timeout:.0f} s"
-    except OSError as e:
-        return f"the check could not start ({python}): {e}"
+    for attempt in range(3):
+        try:
+            proc = subprocess.run(cmd, cwd=cwd, env=child_env(), capture_output=True, text=True, timeout=timeout,
+                                  stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            return f"the check did not finish within {timeout:.0f} s"
+        except OSError as e:
+            return f"the check could not start ({python}): {e}"
+        # A checker killed by a signal (the OOM killer, a stray kill -9) said nothing about the
+        # capsule; the session has exited already, so failing here would lose the program.
+        if proc.returncode >= 0 or '"ok"' in proc.stdout or attempt == 2:
+            break
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith("{"):
             try:

@@ -16,15 +16,14 @@ A move of workspace ``ws`` held at epoch ``e`` by allocation ``A`` to a new allo
    swap serialises commit against abort: exactly one of them wins.
 
 Markers are small objects ``move.<ws>.<move>.<part>`` (created once, exclusively) in the
-repository, so the two halves need nothing but the repository to talk, on any hosts.
+repository, so the two halves need nothing but the repository to talk, on any hosts. This
+module holds the protocol's objects, the verdict and the source's half; the destination's
+half is ``incoming.py``.
 """
 
 from __future__ import annotations
 
-import argparse
-import os
 import queue
-import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from sojourn.workspace import records as R
 from sojourn.workspace.errors import AuthorityLost
 from sojourn.workspace.faults import fault
 from sojourn.workspace.liveness import alive, boot_id, hostname, me
+from sojourn.workspace.machine import spend
 from sojourn.workspace.store import KIND, WorkspaceStore, _dump, _load
 
 if TYPE_CHECKING:
@@ -140,10 +140,23 @@ def await_verdict(store: WorkspaceStore, ws: str, epoch: int, al: str, move: str
             if time.monotonic() > t_end:
                 why = f"the repository was unreachable ({e})"
         if not why and time.monotonic() > t_end:
-            why = f"the destination did not verify the capsule within {timeout:.0f} s"
+            why = timeout_reason(ready, timeout)
         if why:
             return abort(store, ws, epoch, al, move, dest, why, capsule=capsule, ready=ready)
         time.sleep(poll)
+
+
+def timeout_reason(ready: dict[str, Any] | None, timeout: float) -> str:
+    """Why the source gave up waiting. A destination on this host that dies is noticed at
+    once (its pid); one on another host only by this timeout (docs/moves.md, "Remote
+    destinations": a lease would notice it sooner)."""
+    if ready is None:
+        return f"the destination never said it was ready within {timeout:.0f} s"
+    where = f"{ready.get('machine') or '?'} ({ready.get('host')}, supervisor pid {ready.get('pid')})"
+    remote = "" if ready.get("host") == hostname() else (
+        "; it runs on another host, so this side cannot see whether it died and waits this long before taking "
+        "the workspace back (`sojourn move --timeout S` sets it)")
+    return f"the destination on {where} did not report a checked restore within {timeout:.0f} s{remote}"
 
 
 def abort(store: WorkspaceStore, ws: str, epoch: int, al: str, move: str, dest: str, why: str, *,
@@ -176,8 +189,8 @@ def abort(store: WorkspaceStore, ws: str, epoch: int, al: str, move: str, dest: 
         fault("move.abort.after-cas")
         events: list[dict[str, Any]] = [{"type": "authority", "holder": al, **info}]
         if capsule is not None:
-            events.append({"type": "capsule", "move": move, "capsule": _entry(capsule, al, False,
-                                                                               f"move {move} aborted: {why}")})
+            events.append({"type": "capsule", "move": move,
+                           "capsule": capsule_entry(capsule, al, False, f"move {move} aborted: {why}")})
         events.append({"type": "move", "move": move, "outcome": "aborted", "source": al, "destination": dest,
                        "reason": why, "capsule": capsule.get("capsule") if capsule else None})
         try:
@@ -194,22 +207,22 @@ def get_marker_quiet(store: WorkspaceStore, ws: str, move: str, part: str) -> di
         return None
 
 
-def _entry(msg: dict[str, Any], al: str, verified: bool, error: str | None = None) -> dict[str, Any]:
+def capsule_entry(msg: dict[str, Any], al: str, verified: bool, error: str | None = None) -> dict[str, Any]:
     return R.CapsuleEntry(id=str(msg["capsule"]), parent=msg.get("parent"), reason=str(msg.get("reason", "move")),
                           where=str(msg.get("where", "")), size=int(msg.get("size", 0)), time=R.now(),
                           allocation=al, verified=verified, error=error).__dict__
 
 
 def moved_events(al: str, msg: dict[str, Any], verdict: Verdict, move: str, *, exit_code: int | None = None,
-                 max_rss: int | None = None, log_bytes: int | None = None) -> list[dict[str, Any]]:
+                 max_rss: int | None = None, log_bytes: int | None = None, spend: float = 0.0) -> list[dict[str, Any]]:
     """What the source records once the destination won: its capsule (checked by the
     destination's restore, which came before the swap) and its stop. Void when the
     destination's ``authority`` event, which says the same, is already in the log."""
     dest = str(verdict.doc.get("holder"))
-    return [{"type": "capsule", "move": move, "capsule": _entry(msg, al, True), "verified_by": dest},
+    return [{"type": "capsule", "move": move, "capsule": capsule_entry(msg, al, True), "verified_by": dest},
             {"type": "stopped", "allocation": al, "reason": "moved",
              "detail": f"moved to {dest} (move {move}, epoch {verdict.epoch})", "exit_code": exit_code,
-             "max_rss": max_rss, "spend": 0.0, "state": "suspended", "capsule": msg["capsule"], "ran": True,
+             "max_rss": max_rss, "spend": spend, "state": "suspended", "capsule": msg["capsule"], "ran": True,
              "log_bytes": log_bytes}]
 
 
@@ -253,8 +266,8 @@ def serve_move(sup: Supervisor, req: dict[str, Any]) -> None:
             s.epoch = v.epoch
             if sup._done.is_set():  # the session died while held: its capsule is the state now
                 sup.capsule_msg = {**msg, "action": "exit"}
-            sup._control({"op": "verdict", "move": move, "go": "continue", "epoch": v.epoch})
-            print(f"sojourn: move {move} aborted: {v.why}; the program carries on here", file=sys.stderr)
+            # The session says so on its stderr (in the workspace's log): "move ... aborted".
+            sup._control({"op": "verdict", "move": move, "go": "continue", "epoch": v.epoch, "why": v.why})
     finally:
         sup.moving = None
 
@@ -269,7 +282,8 @@ def finish_moved(sup: Supervisor, rc: int, max_rss: int) -> Any:
     if sup.lost_authority is None:
         try:
             sup.append(*moved_events(s.allocation, msg, verdict, move, exit_code=rc, max_rss=max_rss,
-                                     log_bytes=sup.log.bytes_written))
+                                     log_bytes=sup.log.bytes_written,
+                                     spend=spend(s.price_per_hour, time.time() - sup.t0)))
             sup.store.record(s.workspace)
         except SojournError as e:
             print(f"sojourn: the move's source could not record its stop: {e}", file=sys.stderr)
@@ -325,265 +339,7 @@ def decide_alone(repo_url: str, ws: str, epoch: int, al: str, move: str, msg: di
         record_orphan_pause(repo_url, ws, al, v.epoch, {**msg, "action": "exit"}, spill)
 
 
-# -- the destination: the incoming supervisor ---------------------------------------------
+if __name__ == "__main__":  # the destination's entry point moved to incoming.py; this name still works
+    from sojourn.workspace.incoming import main
 
-
-class Incoming:
-    """The destination's half, run at the start of its supervisor's watcher thread. Until it
-    wins the epoch, it records nothing in the workspace's log."""
-
-    def __init__(self, sup: Supervisor, move: str, source: str, deadline: float, timeout: float | None,
-                 machine: str, provider: str):
-        self.sup = sup
-        self.move = move
-        self.source = source
-        self.deadline = deadline
-        self.timeout = timeout
-        self.machine = machine
-        self.provider = provider
-        self.requested = False
-        self.expected = sup.spec.epoch
-
-    def run(self) -> bool:
-        """True once committed (the supervisor carries on as the workspace's holder)."""
-        try:
-            return self._run()
-        except Exception as e:
-            if self.sup.committed:  # it runs here now; only the last note was lost
-                print(f"sojourn: move {self.move}: {type(e).__name__}: {e}", file=sys.stderr)
-                return True
-            if self.sup.spec.epoch != self.expected:  # won, but could not record it: leave it to the source
-                print(f"sojourn: move {self.move}: won epoch {self.sup.spec.epoch} but could not record it: {e}",
-                      file=sys.stderr)
-                return self.discard(str(e), tell=False)
-            self.discard(f"{type(e).__name__}: {e}")
-            return False
-
-    def _wait(self, kinds: tuple[str, ...], timeout: float, what: str, check: Any = None) -> dict[str, Any]:
-        t_end = time.monotonic() + timeout
-        last_check = 0.0
-        while True:
-            try:
-                m = self.sup.inbox.get(timeout=0.01)
-            except queue.Empty:
-                m = None
-            if m is not None:
-                if m.get("event") in kinds:
-                    return m
-                if m.get("event") == "exit":
-                    raise SojournError(f"the session ended while {what}: {m.get('error') or ''} "
-                                       f"{m.get('message') or ''}".strip())
-            elif self.sup._done.is_set():
-                tail = self.sup.stderr_tail.decode(errors="replace").strip().splitlines()
-                raise SojournError(f"the session ended while {what}" + (f": {tail[-1]}" if tail else ""))
-            if time.monotonic() > t_end:
-                raise SojournError(f"timed out after {timeout:.0f} s {what}")
-            if check is not None and time.monotonic() - last_check > 0.05:
-                last_check = time.monotonic()
-                try:
-                    check()
-                except _Gone:
-                    raise
-                except SojournError:
-                    pass  # the repository is away for a moment
-
-    def _check_epoch(self) -> None:
-        store, ws = self.sup.store, self.sup.spec.workspace
-        if not store.holds(ws, self.expected):
-            n, doc = store.epoch(ws, self.expected)
-            raise _Gone(f"workspace {ws} moved on to epoch {n} ({(doc or {}).get('holder')}); this move is off")
-
-    def _run(self) -> bool:
-        sup, store = self.sup, self.sup.store
-        s = sup.spec
-        ws, move, e = s.workspace, self.move, self.expected
-        fault("move.dest.start")
-        warm = self._wait(("warm",), 120.0, "starting")
-        put_marker(store, ws, move, "ready", {**me(), "allocation": s.allocation, "python": s.python,
-                                               "session_pid": warm.get("pid")})
-        fault("move.dest.after-ready")
-        self._check_epoch()
-        store.request(ws, e, "move", move=move, allocation=s.allocation, deadline=self.deadline,
-                      timeout=self.timeout)
-        self.requested = True
-        fault("move.dest.after-request")
-        src = self._wait_source()
-        if src.get("error"):
-            return self.discard(f"the source did not pause: {src['error']}", tell=False)
-        cap = str(src["capsule"])
-        fault("move.dest.after-capsule-seen")
-        t_restore = time.monotonic()
-        sup._control({"op": "restore", "capsule": cap})
-        limit = verify_timeout(int(src.get("size", 0)), self.timeout)
-        restored = self._wait(("restored",), limit, f"restoring capsule {cap}", check=self._check_epoch)
-        t_restored = time.monotonic()
-        fault("move.dest.after-restore")
-        from sojourn.workspace.capsules import capsule_facts
-
-        facts = capsule_facts(store.repo, cap)
-        entry = _entry({**src, "reason": src.get("reason") or "move"}, self.source, True)
-        info = {"reason": f"move {move} from {self.source}", "move": move, "capsule": cap, **me()}
-        new = self._swap(info)
-        if new is None:
-            return self.discard("the source took the workspace back first", tell=False)
-        fault("move.dest.after-cas")
-        s.epoch = new
-        alloc = R.Allocation(id=s.allocation, provider=self.provider, machine=self.machine, host=hostname(),
-                             boot_id=boot_id(), pid=os.getpid(), pid_start=me()["pid_start"], python=s.python,
-                             memory_limit=s.memory, started=R.now(), epoch=new, capsule_in=cap)
-        started = sup.held_started or {}
-        self._append_until({"type": "authority", "holder": s.allocation, **info, "from_allocation": self.source,
-                    "capsule": entry, "distributions": facts.get("distributions"), "arch": facts.get("arch")},
-                   {"type": "allocation", "allocation": alloc.__dict__},
-                   {"type": "started", "allocation": s.allocation, "session_pid": started.get("pid"),
-                    "session_pid_start": started.get("pid_start"), "python_version": started.get("python_version"),
-                    "python": started.get("python_version"), "arch": started.get("arch"),
-                    "platform": started.get("platform")})
-        fault("move.dest.after-events")
-        sup.committed = True
-        sup._control({"op": "go", "epoch": new})
-        fault("move.dest.after-go")
-        try:
-            running = self._wait(("running",), 5.0, "starting the program")
-            paused = float(running["t"]) - float(src.get("paused_wall") or running["t"])
-        except SojournError:
-            paused = None
-        sup.append({"type": "move", "move": move, "outcome": "moved", "source": self.source,
-                    "destination": s.allocation, "capsule": cap, "machine": self.machine,
-                    "paused_ms": round(paused * 1e3, 1) if paused is not None else None,
-                    "restore_ms": round((t_restored - t_restore) * 1e3, 1),
-                    "restore": restored.get("timings")})
-        return True
-
-    def _append_until(self, *events: dict[str, Any]) -> None:
-        """Once the epoch is won there is no going back: retry while the repository is away."""
-        t_end = time.monotonic() + 120.0
-        while True:
-            try:
-                self.sup.append(*events)
-                return
-            except SojournError:
-                if time.monotonic() > t_end:
-                    raise
-                time.sleep(0.1)
-
-    def _swap(self, info: dict[str, Any]) -> int | None:
-        """The commit: epoch e -> e+1 for this allocation; None when the source took it. A
-        write that failed may still have happened (an object store's lost answer): the retry
-        then finds epoch e+1 taken by this very allocation."""
-        store, s = self.sup.store, self.sup.spec
-        t_end = time.monotonic() + 60.0
-        while True:
-            try:
-                return store.acquire(s.workspace, self.expected, s.allocation, **info)
-            except AuthorityLost as lost:
-                return lost.epoch if lost.holder == s.allocation else None
-            except SojournError:
-                if time.monotonic() > t_end:
-                    raise
-                time.sleep(0.1)
-
-    def _wait_source(self) -> dict[str, Any]:
-        store, ws, move = self.sup.store, self.sup.spec.workspace, self.move
-        t_end = time.monotonic() + self.deadline + 60.0
-        poll = poll_interval(store)
-        last_check = 0.0
-        while True:
-            try:
-                src = get_marker(store, ws, move, "source")
-            except SojournError:  # the repository is away for a moment: keep waiting
-                src = None
-            if src is not None:
-                return src
-            if self.sup._done.is_set():
-                raise SojournError("the destination's session ended while waiting for the capsule")
-            if time.monotonic() - last_check > 0.5:
-                last_check = time.monotonic()
-                try:
-                    self._check_epoch()
-                    rec = store.record(ws, save=False)
-                except _Gone:
-                    raise
-                except SojournError:
-                    continue
-                a = rec.allocation(self.source)
-                if a is None or not a.open:
-                    raise _Gone(f"the source {self.source} stopped ({a.stop_reason if a else 'unknown'}) before "
-                                "it paused for the move")
-                from sojourn.workspace.liveness import gone
-
-                why = gone(a)
-                if why:
-                    raise _Gone(f"the source {self.source} is gone: {why}")
-            if time.monotonic() > t_end:
-                raise SojournError(f"no capsule from the source within {self.deadline + 60:.0f} s")
-            time.sleep(poll)
-
-    def discard(self, why: str, tell: bool = True) -> bool:
-        """Give up: nothing of this allocation was recorded, the session is killed. ``tell``:
-        the source is told at once (else it notices by the epoch or its own failure)."""
-        self.sup.discarded = why
-        print(f"sojourn: move {self.move}: destination discarded: {why}", file=sys.stderr)
-        if tell:
-            try:
-                put_marker(self.sup.store, self.sup.spec.workspace, self.move, "dest",
-                           {"error": why, "requested": self.requested})
-            except SojournError:
-                pass
-        p = self.sup.proc
-        if p is not None and p.returncode is None:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        return False
-
-
-class _Gone(SojournError):
-    pass
-
-
-def incoming_argv(python: str, *, repo: str, workspace: str, move: str, allocation: str, epoch: int, source: str,
-                  session_python: str, cwd: str, machine: str, provider: str = "local", memory: int | None = None,
-                  deadline: float = 600.0, timeout: float | None = None, preload: list[str] | None = None) -> list[str]:
-    argv = [python, "-m", "sojourn.workspace.migrate", "--repo", repo, "--workspace", workspace, "--move", move,
-            "--allocation", allocation, "--epoch", str(epoch), "--source", source, "--python", session_python,
-            "--cwd", cwd, "--machine", machine, "--provider", provider, "--deadline", str(deadline)]
-    if memory:
-        argv += ["--memory", str(memory)]
-    if timeout:
-        argv += ["--timeout", str(timeout)]
-    if preload:
-        argv += ["--preload", ",".join(preload)]
-    return argv
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m sojourn.workspace.migrate")
-    for name in ("--repo", "--workspace", "--move", "--allocation", "--source", "--python", "--cwd", "--machine"):
-        p.add_argument(name, required=True)
-    p.add_argument("--epoch", type=int, required=True)
-    p.add_argument("--provider", default="local")
-    p.add_argument("--memory", type=int, default=None)
-    p.add_argument("--deadline", type=float, default=600.0)
-    p.add_argument("--timeout", type=float, default=None)
-    p.add_argument("--preload", default="")
-    p.add_argument("--scan-interval", type=float, default=600.0)
-    ns = p.parse_args(argv)
-
-    from sojourn.repository.repo import open_repository
-    from sojourn.workspace.supervisor import SessionSpec, Supervisor
-
-    with open_repository(ns.repo) as repo:
-        store = WorkspaceStore(repo)
-        spec = SessionSpec(ns.workspace, ns.allocation, ns.epoch, ns.python, ns.cwd, memory=ns.memory,
-                           scan_interval=ns.scan_interval, incoming=True,
-                           preload=[m for m in ns.preload.split(",") if m])
-        sup = Supervisor(store, spec)
-        sup.incoming = Incoming(sup, ns.move, ns.source, ns.deadline, ns.timeout, ns.machine, ns.provider)
-        out = sup.run()
-    return out.exit_code
-
-
-if __name__ == "__main__":
     sys.exit(main())

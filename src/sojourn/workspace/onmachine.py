@@ -113,9 +113,11 @@ def handle_of(p: Prepared, scratch: Path) -> dict[str, Any]:
     """The provider handle of this process as the allocation's supervisor (JSON of
     ``providers.base.Handle``): what ``status``/``terminate`` need, from any process."""
     pid = os.getpid()
-    return {"provider": p.machine.provider, "machine": p.machine.name, "allocation": p.allocation,
-            "data": {"host": hostname(), "boot_id": boot_id(), "pid": pid, "pid_start": process_start(pid),
-                     "scratch": str(scratch)}}
+    data: dict[str, Any] = {"host": hostname(), "boot_id": boot_id(), "pid": pid, "pid_start": process_start(pid),
+                            "scratch": str(scratch)}
+    if p.machine.provider == "slurm" and os.environ.get("SLURM_JOB_ID"):  # issue 6: the batch job it runs in
+        data["job_id"] = os.environ["SLURM_JOB_ID"]
+    return {"provider": p.machine.provider, "machine": p.machine.name, "allocation": p.allocation, "data": data}
 
 
 def attach(store: WorkspaceStore, p: Prepared, *, on_output: Any = None,

@@ -248,6 +248,7 @@ def _moved_here(rec: WorkspaceRecord, ev: dict[str, Any]) -> None:
     if src is not None and src.open:
         src.ended = float(ev.get("t", 0.0))
         src.stop_reason = "moved"
+        src.spend = float(ev.get("from_spend") or 0.0)
         src.detail = f"moved to {ev.get('holder')} (move {ev.get('move')}, epoch {ev.get('epoch')})"
 
 
@@ -301,6 +302,8 @@ def _capsule(rec: WorkspaceRecord, ev: dict[str, Any]) -> None:
     a = rec.allocation(entry.allocation)
     if a is not None and entry.verified:
         a.capsule_out = entry.id
+    if ev.get("checkpoint"):  # a requested checkpoint (workspace/checkpoints.py): the request is served
+        rec.pending = None
 
 
 def _stopped(rec: WorkspaceRecord, ev: dict[str, Any]) -> None:
@@ -382,6 +385,16 @@ def describe_event(ev: dict[str, Any]) -> str:
         return f"{ev.get('allocation')} stopped ({ev.get('reason')}{detail}) -> {ev.get('state')}"
     if t == "files":
         return f"files: {ev.get('count')} file(s), {ev.get('bytes')} bytes from {ev.get('source')} in {ev.get('capsule')}"
+    if t == "policy":  # issue 6 (ops/policy.py): a decision, with its numbers in the event
+        return f"policy {ev.get('policy')}: {ev.get('action')}" + (f" -> {ev['target']}" if ev.get("target") else "") \
+            + f" ({ev.get('reason')})"
+    if t == "policy-result":
+        return f"policy {ev.get('policy')} {ev.get('action')} on {ev.get('machine')}: {ev.get('outcome')}"
+    if t == "policy-settings":
+        return "policy settings: " + ", ".join(f"{k}={v}" for k, v in sorted((ev.get("changed") or {}).items()))
+    if t == "launch-check":
+        return f"launch check {ev.get('check')} on {ev.get('provider')}:{ev.get('offer')}: {ev.get('outcome')}" + (
+            f" ({ev['detail']})" if ev.get("detail") else "")
     if t == "note":
         return str(ev.get("message", ""))
     return str(t)

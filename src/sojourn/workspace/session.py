@@ -82,6 +82,8 @@ class Channel:
         self.hold_timeout: float | None = None
         self.holding = False
         self.incoming = False  # an incoming session before its go: it never held the workspace
+        self.restored: str | None = None  # the capsule an incoming session restored, waiting for its go
+        self.held_signals: list[str] = []  # pause signals that came while held for a move
         self.label: dict[str, Any] = {}
         for fd in (self.status_fd, self.control_fd, *self.output_fds):
             if fd is not None:
@@ -120,19 +122,24 @@ class Channel:
     def _hold(self, msg: dict[str, Any], move: str) -> None:
         """A move's capsule is written: stay at this statement boundary until the verdict.
         Exit when the destination won the epoch; carry on (under the epoch the abort took)
-        when the move failed."""
+        when the move failed, unless a signal asked for a pause meanwhile: then this capsule
+        is that pause."""
         from sojourn.workspace.faults import fault
 
         fault("move.session.after-capsule")
         self.holding = True
-        sent = not self.orphan and self.send(msg)
-        fault("move.session.held")
-        verdict: dict[str, Any] = {"op": "eof"}
-        while sent:
-            verdict = self.waits.get()
-            if verdict.get("op") == "eof" or (verdict.get("op") == "verdict" and verdict.get("move") == move):
-                break
-        self.holding = False
+        old = self._catch_signals()
+        try:
+            sent = not self.orphan and self.send(msg)
+            fault("move.session.held")
+            verdict: dict[str, Any] = {"op": "eof"}
+            while sent:
+                verdict = self.waits.get()
+                if verdict.get("op") == "eof" or (verdict.get("op") == "verdict" and verdict.get("move") == move):
+                    break
+        finally:
+            self._restore_signals(old)
+            self.holding = False
         if verdict.get("op") == "eof":  # no supervisor: settle the move here, record it, end
             try:
                 from sojourn.workspace.migrate import decide_alone
@@ -148,6 +155,65 @@ class Channel:
         if verdict.get("epoch") is not None:
             self.ns.epoch = int(verdict["epoch"])
             self.label["epoch"] = self.ns.epoch
+        why = f": {verdict['why']}" if verdict.get("why") else ""
+        if self.held_signals or msg.get("action") == "exit":
+            # A SIGTERM (or SIGUSR1) came while the move was pending: the program pauses as it
+            # asked, at this boundary, with this capsule (the supervisor checks and records it).
+            sig = self.held_signals[0] if self.held_signals else "signal"
+            self.send({**{k: v for k, v in msg.items() if k not in ("move", "paused_wall")}, "action": "exit",
+                       "reason": sig})
+            print(f"sojourn: move {move} aborted{why}; pausing as {sig} asked: capsule {msg['capsule']} at "
+                  f"{msg.get('where')}", file=sys.stderr, flush=True)
+            exit_now(EXIT_HELD)
+        self._say_instead(f"checkpoint {msg['capsule']}",
+                          f"move {move} aborted{why}; the program continues here (at {msg.get('where')}); "
+                          f"capsule {msg['capsule']} was not used")
+
+    def _catch_signals(self) -> dict[int, Any]:
+        """While held, the signals that ask for a pause are noted, not acted on (the pause in
+        progress is the move's); after an abort the program pauses for them."""
+        import signal
+
+        from sojourn.execution import pause
+
+        self.held_signals = []
+        try:
+            signals = pause.controller().config.signals
+        except RuntimeError:
+            return {}
+        old: dict[int, Any] = {}
+        for signum, (action, _, _) in signals.items():
+            if action == "exit" and threading.current_thread() is threading.main_thread():
+                old[signum] = signal.signal(signum, lambda s, f: self.held_signals.append(signal.Signals(s).name))
+        return old
+
+    def _restore_signals(self, old: dict[int, Any]) -> None:
+        import signal
+
+        for signum, handler in old.items():
+            signal.signal(signum, handler)
+
+    def _say_instead(self, prefix: str, message: str) -> None:
+        """The engine logs the next line itself ("checkpoint CAP at ..."): say ``message``
+        in its place."""
+        from sojourn.execution import pause
+
+        try:
+            cfg = pause.controller().config
+        except RuntimeError:
+            print(f"sojourn: {message}", file=sys.stderr, flush=True)
+            return
+        prev = cfg.log
+
+        def once(line: str) -> None:
+            cfg.log = prev
+            text = message if line.startswith(prefix) else line
+            if prev is not None:
+                prev(text)
+            else:
+                print(f"sojourn: {text}", file=sys.stderr, flush=True)
+
+        cfg.log = once
 
     def on_refusal(self, refusal: Any) -> None:
         self.send({"event": "refusal", "reason": refusal.reason, "message": refusal.message,
@@ -168,7 +234,14 @@ class Channel:
             except OSError:
                 data = b""
             if not data:
-                if self.incoming:  # a move's destination that never held the workspace: just go
+                if self.incoming:  # a move's destination before its go: the program never ran here
+                    if self.restored:
+                        try:
+                            from sojourn.workspace.incoming import settle_unstarted
+
+                            settle_unstarted(self.ns.repo, self.ns.workspace, self.ns.allocation, self.restored)
+                        except Exception as e:
+                            print(f"sojourn: {e}", file=sys.stderr)
                     os._exit(0)
                 self._supervisor_lost()
                 return
@@ -409,6 +482,7 @@ def incoming_go(ch: Channel) -> None:
     from sojourn.workspace.faults import fault
 
     fault("move.incoming.after-restore")
+    ch.restored = str(ch.ns.capsule)
     ch.send({"event": "restored"})
     while True:
         msg = ch.waits.get()

@@ -1,8 +1,8 @@
 """A detached supervisor: ``python -m sojourn.workspace.supervise --repo URL --workspace WS
 --allocation AL --epoch N --machine JSON [--capsule CAP]``.
 
-A provider starts this on the machine (``sojourn run --detach``, the move protocol's
-destination). The epoch ``N`` was already taken for allocation ``AL`` by whoever launched it;
+A provider starts this on the machine (``sojourn run --detach``; a live move's destination is
+``python -m sojourn.workspace.incoming``, launched the same way). The epoch ``N`` was already taken for allocation ``AL`` by whoever launched it;
 this process records the allocation (naming itself), puts the workspace's files in the
 scratch directory, and supervises the session there (``onmachine.attach``): the same code as
 a foreground ``sojourn run --on``, with the output going to the workspace log only.

@@ -125,6 +125,7 @@ class Supervisor:
         self.incoming: Any = None
         self.committed = not spec.incoming
         self.held_started: dict[str, Any] | None = None
+        self.background: list[threading.Thread] = []  # write checks of checkpoints (checkpoints.py)
 
     # -- events ----------------------------------------------------------------------------
 
@@ -145,8 +146,8 @@ class Supervisor:
         watch = threading.Thread(target=self._watch, name="sojourn-watch", daemon=True)
         pump.start()
         watch.start()
-        if self.spec.hard_stop:
-            threading.Thread(target=self._watchdog, name="sojourn-watchdog", daemon=True).start()
+        if self.committed:  # a move's destination starts it once it holds the workspace
+            self.start_watchdog()
         try:
             _, status, usage = os.wait4(self.proc.pid, 0)
         finally:
@@ -160,6 +161,8 @@ class Supervisor:
         while watch.is_alive() and (self.moving is not None or (not self.committed and self.discarded is None)):
             watch.join(timeout=0.5)  # a move settles its verdict even when the session is gone
         self._close_fds()
+        for t in self.background:  # a checkpoint's event comes before the stop
+            t.join()
         if self.discarded is None and self.committed:
             self.log.flush()
         outcome = self._finish(rc, max_rss)
@@ -307,6 +310,12 @@ class Supervisor:
         elif kind == "capsule":
             if msg.get("action") == "exit":
                 self.capsule_msg = msg
+            elif self.pending is not None and self.pending.get("kind") == "checkpoint":
+                from sojourn.workspace.checkpoints import record_checkpoint
+
+                with self._lock:
+                    n, self.pending = self.pending.get("n"), None
+                record_checkpoint(self, msg, n)
             else:
                 self.append({"type": "note", "message": f"checkpoint {msg.get('capsule')} at {msg.get('where')}"})
         elif kind == "refusal":
@@ -344,6 +353,8 @@ class Supervisor:
                     self._serve(req)
                     if self.moved is not None:
                         return  # moved away: the session is exiting, the destination holds the workspace
+                    if self.spec.epoch != epoch:  # the move aborted: this allocation took the next epoch
+                        epoch, next_request = self.spec.epoch, 1  # (checked below against the new one)
                 with self._lock:
                     pending = self.pending
                 # A pause normally lands within milliseconds; one still pending after 0.3 s is
@@ -381,10 +392,15 @@ class Supervisor:
         self.status_msg = None
         self.append({"type": "request", "n": req.get("n"), "kind": kind,
                      "requested_by": f"{req.get('host')}:{req.get('pid')}"})
-        self._control({"op": "pause", "reason": kind, "deadline": req.get("deadline"), "action": "exit",
-                       "on_timeout": "continue"})
+        # A checkpoint is a pause whose program carries on (workspace/checkpoints.py).
+        self._control({"op": "pause", "reason": kind, "deadline": req.get("deadline"),
+                       "action": "continue" if kind == "checkpoint" else "exit", "on_timeout": "continue"})
 
     # -- the hard stop (issue 4, machines) ----------------------------------------------
+
+    def start_watchdog(self) -> None:
+        if self.spec.hard_stop:
+            threading.Thread(target=self._watchdog, name="sojourn-watchdog", daemon=True).start()
 
     def _watchdog(self) -> None:
         """At the hard stop, ask the session to pause (it ends suspended); if no pause could

@@ -60,6 +60,9 @@ NAMESPACE = "sojourn:namespace"  # stands for "the namespace being restored" in 
 # A rebuilt class -> (its source, the globals it was built in, the enclosing values it got).
 _CLASSES: weakref.WeakKeyDictionary[type, tuple[Source, dict[str, Any], tuple[Any, ...]]] = weakref.WeakKeyDictionary()
 _CLASS_SOURCES: weakref.WeakKeyDictionary[type, Source | str] = weakref.WeakKeyDictionary()
+# A rebuilt class -> the names its statement was given (decorators, bases): they were put in
+# its globals only while it ran, so capturing it again must take them from here.
+_BINDINGS: weakref.WeakKeyDictionary[type, dict[str, Any]] = weakref.WeakKeyDictionary()
 # A member of a rebuilt class -> (class, attribute): methods and nested classes.
 _OWNERS: weakref.WeakKeyDictionary[Any, tuple[type, str]] = weakref.WeakKeyDictionary()
 
@@ -262,6 +265,9 @@ def _make_class(src: Source, globals_ref: Any, bindings: dict[str, Any], module:
     except (TypeError, AttributeError):
         pass
     _CLASSES[cls] = (src, glb, enclosing)
+    # Interned, as the names of code objects are at capture: a binding's key is then the very
+    # string pickle writes for the bound global's own name, as it was at capture.
+    _BINDINGS[cls] = {sys.intern(k): v for k, v in bindings.items()}
     _register_members(cls)
     built[token] = cls
     return cls  # type: ignore[no-any-return]
@@ -527,9 +533,10 @@ def reduce_class(cls: type, pickler: Any) -> Any:
         return pickler.problem(cls, enclosing)
     glb = _class_globals(cls, src, pickler)
     globals_ref, subset = _globals_ref(glb, pickler)
-    bindings: dict[str, Any] = {}
-    bases = _base_bindings(src, cls)
-    for name in definition_names(compile_source(src)):
+    rebuilt = _BINDINGS.get(cls)
+    bindings: dict[str, Any] = dict(rebuilt) if rebuilt is not None else {}
+    bases = _base_bindings(src, cls) if rebuilt is None else {}
+    for name in definition_names(compile_source(src)) if rebuilt is None else ():
         if name in src.freevars or (name.startswith("__") and name.endswith("__")):
             continue  # __name__ is the class's module; __annotations__ its own; no others
         if name in bases:

@@ -177,6 +177,7 @@ class _PicklerState:
     restore: _RestoreState | None
     handles: dict[int, _StorageHandle] = field(default_factory=dict)
     roots: dict[int, tuple[int, int, Any]] | None = None  # numpy roots that may lend memory
+    buffers_seen: int = 0  # pickler.buffers already searched for such roots
 
 
 def _state(pickler: Any) -> _PicklerState:
@@ -266,10 +267,13 @@ def _numpy_cover(pickler: Any, storage: Any) -> tuple[Any, int] | None:
         st.roots = {}
         _add_roots(st.roots, (pickler.ctx.namespace or {}).values(), np)
     found = _find_root(st.roots, start, end)
-    if found is None:
-        # Arrays pickled before this tensor, nested anywhere: the memo holds them. Copying
-        # the memo costs its size, so it is done only when the cheaper lookups missed.
-        _add_roots(st.roots, (obj for _, obj in pickler.memo.copy().values()), np)
+    if found is None and st.buffers_seen < len(pickler.buffers):
+        # Arrays pickled before this tensor, nested anywhere: each root went out of band
+        # (its buffer's owner is a view of it), so the buffers not looked at yet hold the
+        # rest. Each buffer is looked at once per capture, not the whole memo per tensor.
+        new = pickler.buffers[st.buffers_seen :]
+        st.buffers_seen = len(pickler.buffers)
+        _add_roots(st.roots, (b.owner for b in new), np)
         found = _find_root(st.roots, start, end)
     return found
 
@@ -611,7 +615,11 @@ def _hooked_reduce(obj: Any, pickler: Any) -> Any:
         return rv
     if not hasattr(obj, "__setstate__"):
         return rv
-    state = rv[2]
+    # Keys as the instance dict holds them: __setstate__ stores the stream's strings there,
+    # so a restored object pickles again with the very string objects it was rebuilt from
+    # (a fresh literal key would break the stream's sharing of that string; see pickler.py).
+    keys = {k: k for k in vars(obj)}
+    state = {keys.get(k, k): v for k, v in rv[2].items()}
     torch = sys.modules["torch"]
     if isinstance(obj, torch.optim.Optimizer):
         # Optimizer.__getstate__ keeps only defaults, state and param_groups.

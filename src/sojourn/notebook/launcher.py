@@ -1,0 +1,176 @@
+"""The sojourn kernel process: ``python -m sojourn.notebook.launcher -f CONNECTION_FILE``.
+
+An ipykernel with three differences:
+
+* as a move's destination (``$SOJOURN_HANDOFF``, set by the provisioner) it says hello on
+  the control channel, imports ipykernel while the source is still capturing, restores the
+  capsule it is sent (fingerprints checked), says "ready", and binds the kernel's ports only
+  on "go", after the source released them. A restore that fails is reported and this
+  process exits: the source keeps running;
+* with ``$SOJOURN_RESUME`` (a workspace or capsule) it starts from that workspace's last
+  capsule: a notebook opened again, a fork opened in its own kernel;
+* the sojourn extension is loaded, so the kernel is a workspace from its first cell.
+
+The restored namespace is handed to IPython as its ``user_ns`` (never copied: restored
+functions use that very dict as their globals), then IPython's history is put back.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any
+
+
+def _limit_memory() -> None:
+    text = os.environ.get("SOJOURN_MEMORY")
+    if not text:
+        return
+    import resource
+
+    limit = int(text)
+    # RLIMIT_DATA, not RLIMIT_AS: see docs/workspaces.md (thread stacks and BLAS reservations).
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+
+
+def _restore(plan: dict[str, Any]) -> tuple[dict[str, Any], Any, list[str], float, str]:
+    from sojourn import ops
+    from sojourn.notebook.state import IPythonState
+
+    t0 = time.perf_counter()
+    ns: dict[str, Any] = {}
+    restored = ops.restore(plan["capsule"], plan["repo"], into=ns)
+    st = IPythonState.from_process(restored.process)
+    parts = ", ".join(f"{k} {v:.2f}" for k, v in restored.timings.items() if k != "total")
+    return ns, st, list(restored.notes), time.perf_counter() - t0, parts
+
+
+def main() -> None:
+    from sojourn.notebook import control
+
+    _limit_memory()
+    token = os.environ.pop("SOJOURN_HANDOFF", None)
+    resume = os.environ.pop("SOJOURN_RESUME", None)
+    plan: dict[str, Any] | None = None
+    ch = None
+    handoff: dict[str, Any] | None = None
+    info: dict[str, Any] = {"machine": os.environ.get("SOJOURN_MACHINE", "local"), "notes": []}
+    ns: dict[str, Any] | None = None
+    st = None
+    if token:
+        ch = control.connect()
+        ch.send({"op": "hello", "token": token, "pid": os.getpid()})
+        import ipykernel.kernelapp  # noqa: F401  (while the source captures)
+
+        from sojourn.capsule import restore  # noqa: F401
+        from sojourn.notebook.handover import preload
+
+        preload([n for n in os.environ.pop("SOJOURN_PRELOAD", "").split(",") if n])
+
+        plan = ch.recv(timeout=None).get("restore")
+        if plan is None:
+            sys.exit(0)
+    elif resume:
+        from sojourn.ops import notebook as nb
+
+        try:
+            ws, cap = (None, resume) if resume.startswith("cap_") else nb.last_capsule(
+                os.environ.get("SOJOURN_REPO") or None, resume)
+            plan = {"capsule": cap, "workspace": ws, "repo": os.environ.get("SOJOURN_REPO") or None,
+                    "moved_from": None}
+            if cap is None:
+                info["notes"].append(f"workspace {resume} has no capsule; the kernel starts empty")
+                plan = None
+        except Exception as e:
+            info["notes"].append(f"could not resume {resume}: {e}; the kernel starts empty")
+    if plan is not None:
+        try:
+            ns, st, notes, info["restore_s"], info["restore_parts"] = _restore(plan)
+            info["notes"] += notes
+        except Exception as e:
+            if ch is not None:
+                ch.send({"op": "failed", "error": f"{type(e).__name__}: {e}"})
+                sys.exit(3)
+            info["notes"].append(f"could not resume {resume}: {type(e).__name__}: {e}; the kernel starts empty")
+            ns = st = plan = None
+    if ch is not None:
+        ch.send({"op": "ready", "restore_s": info.get("restore_s")})
+        try:
+            handoff = ch.recv(timeout=None).get("go")
+        except EOFError:
+            sys.exit(0)  # the move was called off: the source runs on
+    _start_kernel(ns, st, plan, handoff, info)
+
+
+def _start_kernel(ns: dict[str, Any] | None, st: Any, plan: dict[str, Any] | None,
+                  handoff: dict[str, Any] | None, info: dict[str, Any]) -> None:
+    from ipykernel.kernelapp import IPKernelApp
+
+    from sojourn.notebook import handover, magics
+    from sojourn.notebook.state import apply_ipython_state
+
+    app = IPKernelApp.instance(user_ns=ns) if ns is not None else IPKernelApp.instance()
+    seen_holder: dict[str, Any] = {}
+
+    original_init_iopub = app.init_iopub
+
+    def init_iopub(context: Any) -> None:
+        original_init_iopub(context)
+        if handoff is not None:  # watch for the client's return before it can happen
+            seen_holder["seen"] = handover.watch_subscriptions(app)
+
+    app.init_iopub = init_iopub  # type: ignore[method-assign]
+    original_init_sockets = app.init_sockets
+
+    def init_sockets() -> None:
+        original_init_sockets()
+        if handoff is not None:  # the shell ROUTER drops replies to a client not yet back
+            seen_holder["shell"] = handover.watch_connections(app.shell_socket)
+
+    app.init_sockets = init_sockets  # type: ignore[method-assign]
+    restored_names = list(ns or ())
+    app.initialize(sys.argv[1:])
+    shell = app.shell
+    assert shell is not None
+    # IPython hides whatever is in user_ns at start-up from %who (hide_initial_ns), and
+    # sojourn lifts hidden names out of a capture: the restored variables are the user's.
+    for name in restored_names:
+        shell.user_ns_hidden.pop(name, None)
+    notes = list(info["notes"])
+    if st is not None:
+        notes += apply_ipython_state(shell, st)
+    session = None
+    if plan is not None and plan.get("workspace"):
+        from sojourn.ops import notebook as nb
+
+        try:
+            session = nb.take_over(plan["repo"], plan["workspace"], capsule=plan["capsule"],
+                                   machine=info["machine"], moved_from=plan.get("moved_from"))
+        except Exception as e:
+            notes.append(f"this kernel could not take its workspace {plan['workspace']}: {e}; a new one was made")
+    ctl = magics.install(shell, session, notes)
+    if plan is not None:
+        ctl.autosave.head = plan["capsule"]
+    if handoff is not None and handoff.get("autosave"):
+        ctl.autosave.enabled = True
+    if handoff is not None:
+        import asyncio
+
+        seen = seen_holder.get("seen")
+        if seen is None:
+            import threading
+
+            seen = threading.Event()
+        from tornado.ioloop import IOLoop
+
+        IOLoop.current().add_callback(lambda: asyncio.ensure_future(
+            handover.deliver(app, handoff, seen, {**info, "notes": notes}, seen_holder.get("shell"))))
+    elif notes:
+        for n in notes:
+            print(f"sojourn: {n}", file=sys.__stderr__)
+    app.start()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,141 @@
+"""Checkpoints on request: ``sojourn checkpoint WS`` and ``sojourn fork WS --now``.
+
+A checkpoint is a pause whose program carries on: the requester writes a request of kind
+``checkpoint`` (``request.<ws>.<epoch>.<n>``, like ``suspend``); the supervisor asks its
+session to pause with action ``continue``; the session writes the capsule at the next
+statement boundary and runs on. The supervisor then gives the capsule its write check (in a
+fresh interpreter, beside the running program) and records it as a ``capsule`` event naming
+the request, so that it becomes the workspace's last good capsule: what a crash resumes from,
+what ``fork`` starts from.
+
+The check of a capsule that carries the machine's files runs in a directory of its own: it
+materializes those files, and the running program's newer writes in the scratch directory
+must not be overwritten by the checkpoint's older copies.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from sojourn.workspace import records as R
+from sojourn.workspace.authority import reap
+from sojourn.workspace.capsules import capsule_facts, verify_capsule
+from sojourn.workspace.errors import WorkspaceError
+from sojourn.workspace.liveness import gone, on_this_host
+from sojourn.workspace.store import WorkspaceStore
+
+if TYPE_CHECKING:
+    from sojourn.workspace.supervisor import Supervisor
+
+
+def record_checkpoint(sup: Supervisor, msg: dict[str, Any], n: int | None) -> None:
+    """The session wrote a requested checkpoint and runs on: check it and record it, in a
+    thread (the pump must keep reading the program's output meanwhile)."""
+    t = threading.Thread(target=_check_and_record, args=(sup, msg, n), name="sojourn-checkpoint", daemon=True)
+    sup.background.append(t)
+    t.start()
+
+
+def _check_and_record(sup: Supervisor, msg: dict[str, Any], n: int | None) -> None:
+    from sojourn.workspace.files import capsule_files, files_event_of
+
+    s, repo = sup.spec, sup.store.repo
+    cap = str(msg["capsule"])
+    try:
+        has_files = capsule_files(repo, cap) is not None
+        if has_files:
+            with tempfile.TemporaryDirectory(prefix="sojourn-check-") as tmp:
+                error = verify_capsule(sup.repo_url, cap, python=s.python, cwd=tmp)
+        else:
+            error = verify_capsule(sup.repo_url, cap, python=s.python, cwd=s.cwd)
+        entry = R.CapsuleEntry(id=cap, parent=msg.get("parent"), reason=str(msg.get("reason") or "checkpoint"),
+                               where=str(msg.get("where", "")), size=int(msg.get("size", 0)), time=R.now(),
+                               allocation=s.allocation, verified=error is None, error=error)
+        facts = capsule_facts(repo, cap) if error is None else {}
+        events: list[dict[str, Any]] = [{"type": "capsule", "capsule": asdict(entry), "request": n,
+                                         "checkpoint": True, "distributions": facts.get("distributions"),
+                                         "arch": facts.get("arch")}]
+        if error is None and s.files and has_files:
+            ev = files_event_of(repo, cap, s.allocation, s.cwd)
+            if ev is not None:
+                events.append(ev)
+        sup.append(*events)
+    except Exception as e:  # the program runs on; the requester learns it from the log
+        try:
+            sup.append({"type": "note", "message": f"checkpoint {cap} could not be recorded: {e}", "request": n})
+        except Exception:
+            pass
+
+
+@dataclass
+class CheckpointResult:
+    workspace: str
+    allocation: str
+    capsule: R.CapsuleEntry
+    seconds: float
+    waited: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def checkpoint(store: WorkspaceStore, ref: str, *, deadline: float | None = 600.0, wait: float | None = None,
+               on_progress: Any = None) -> CheckpointResult:
+    """Ask the running session for a checkpoint; return once its capsule passed the write
+    check (the program keeps running). Raises ``PauseRefused`` when the pause is refused."""
+    from sojourn.workspace.sessions import PauseRefused
+
+    ws = store.resolve(ref)
+    rec = reap(store, store.record(ws), by="sojourn checkpoint")
+    if rec.state != "running" or rec.current is None:
+        hint = f"; its last good capsule is {rec.last_capsule.id}" if rec.last_capsule else ""
+        raise WorkspaceError(f"workspace {ws} is not running ({rec.state}): a checkpoint needs a running "
+                             f"session{hint}")
+    a = rec.current
+    t0 = time.monotonic()
+    n = store.request(ws, rec.epoch, "checkpoint", deadline=deadline)
+    cursor, ours, waited = rec.upto, False, []
+    interval = 0.5 if type(store.backend).__name__ == "S3Backend" else 0.05
+    last_live_check = time.monotonic()
+    while True:
+        for ev in store.events(ws, cursor + 1):
+            cursor = int(ev["seq"])
+            if int(ev.get("epoch", 0)) < rec.epoch:
+                continue
+            kind = ev.get("type")
+            if kind == "request" and ev.get("n") == n and ev.get("kind") == "checkpoint":
+                ours = True
+                if on_progress:
+                    on_progress("requested", ev)
+            elif kind == "waiting" and ours:
+                waited.append(str(ev.get("why")))
+                if on_progress:
+                    on_progress("waiting", ev)
+            elif kind == "refused" and ours:
+                raise PauseRefused(str(ev.get("message", "the pause was refused")), list(ev.get("problems") or []))
+            elif kind == "capsule" and ev.get("request") == n and ev.get("checkpoint"):
+                entry = R.CapsuleEntry(**ev["capsule"])
+                if not entry.verified:
+                    raise WorkspaceError(f"checkpoint {entry.id} of {ws} failed its write check: {entry.error}")
+                return CheckpointResult(ws, a.id, entry, time.monotonic() - t0, waited)
+            elif kind == "note" and ev.get("request") == n and ours:
+                raise WorkspaceError(str(ev.get("message")))
+            elif kind == "stopped" and ev.get("allocation") == a.id:
+                raise WorkspaceError(f"workspace {ws} stopped before its checkpoint was taken ({ev.get('reason')}: "
+                                     f"{ev.get('detail')}); state {ev.get('state')}")
+            elif kind == "authority" and int(ev.get("epoch", 0)) > rec.epoch:
+                raise WorkspaceError(f"workspace {ws} was taken by {ev.get('holder')} (a move?) before its "
+                                     "checkpoint was taken; ask again")
+        if wait is not None and time.monotonic() - t0 > wait:
+            raise WorkspaceError(f"no checkpoint from workspace {ws} within {wait:g} s; the request stays pending, "
+                                 "`sojourn show` tells what it waits for")
+        if time.monotonic() - last_live_check > 1.0:
+            last_live_check = time.monotonic()
+            if on_this_host(a) and gone(a):
+                after = reap(store, store.record(ws), by="sojourn checkpoint")
+                raise WorkspaceError(f"the session of {ws} died before its checkpoint; state {after.state}")
+        time.sleep(interval)

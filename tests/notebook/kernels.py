@@ -1,0 +1,50 @@
+"""A sojourn kernel driven directly with jupyter_client (the fork and failure tests)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+
+class Kernel:
+    def __init__(self, pids: Any, **env: str):
+        from jupyter_client.manager import KernelManager
+
+        self.pids = pids
+        self.km = KernelManager(kernel_name="sojourn")
+        self.km.start_kernel(env={**os.environ, **env})
+        self.pids.add(self.km)
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=120)
+
+    @property
+    def pid(self) -> int:
+        return self.pids.add(self.km)
+
+    def run(self, code: str, store_history: bool = True) -> tuple[str, str, dict[str, Any]]:
+        """(stdout and results, stderr and errors, the reply's content)."""
+        out: list[str] = []
+        err: list[str] = []
+
+        def hook(msg: dict[str, Any]) -> None:
+            c = msg["content"]
+            if msg["msg_type"] == "stream":
+                (out if c["name"] == "stdout" else err).append(c["text"])
+            elif msg["msg_type"] == "execute_result":
+                out.append(c["data"].get("text/plain", ""))
+            elif msg["msg_type"] == "error":
+                err.append(f"{c['ename']}: {c['evalue']}")
+
+        reply = self.kc.execute_interactive(code, timeout=300, output_hook=hook, store_history=store_history)
+        self.pids.add(self.km)
+        return "".join(out), "".join(err), reply["content"]
+
+    def out(self, code: str) -> str:
+        out, err, _ = self.run(code)
+        assert not err, err
+        return out.strip()
+
+    def close(self) -> None:
+        self.kc.stop_channels()
+        self.km.shutdown_kernel(now=False)
