@@ -38,17 +38,16 @@ import contextlib
 import functools
 import json
 import os
-import socket
 import threading
 import time
 import uuid
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, TypeVar
 
 from sojourn.errors import AlreadyExists, ObjectNotFound, RepositoryError
+from sojourn.procs import alive, boot_id, hostname, me
 from sojourn.repository.backend import Backend
 from sojourn.repository.chunks import ChunkStore
 
@@ -82,50 +81,19 @@ def _poll_interval(backend: Backend) -> float:
 # -- who holds a lock -----------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=1)
-def _boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
-
-
-def _process_start(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return None if fields[0] == "Z" else int(fields[19])
-
-
-def _alive(pid: int, start: int | None) -> bool:
-    if Path("/proc/self/stat").exists():
-        now = _process_start(pid)
-        return now is not None and (start is None or now == start)
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def holder() -> dict[str, Any]:
-    return {"host": socket.gethostname(), "boot_id": _boot_id(), "pid": os.getpid(),
-            "pid_start": _process_start(os.getpid())}
+    return me()
 
 
 def why_stale(doc: dict[str, Any], now: float | None = None) -> str | None:
     """Why the lock ``doc`` no longer counts, or None while it does."""
     if doc.get("state", "held") != "held":
         return "released"
-    if doc.get("host") == socket.gethostname():
-        if doc.get("boot_id") and _boot_id() and doc.get("boot_id") != _boot_id():
+    if doc.get("host") == hostname():
+        if doc.get("boot_id") and boot_id() and doc.get("boot_id") != boot_id():
             return "its host rebooted"
         pid = doc.get("pid")
-        if isinstance(pid, int) and not _alive(pid, doc.get("pid_start")):
+        if isinstance(pid, int) and not alive(pid, doc.get("pid_start")):
             return f"its process (pid {pid}) is gone"
     age = (now if now is not None else time.time()) - float(doc.get("refreshed", 0.0))
     if age > stale_after():
