@@ -58,7 +58,7 @@ def _waiting(kind: str, ev: dict[str, Any]) -> None:
 @contextmanager
 def _refusal(as_json: bool) -> Iterator[None]:
     """A refused checkpoint: say why (each object that cannot travel) and exit 1."""
-    from sojourn.workspace.sessions import PauseRefused
+    from sojourn.workspace.requests import PauseRefused
 
     try:
         yield

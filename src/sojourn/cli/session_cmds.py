@@ -171,7 +171,7 @@ def resume_cmd(workspace: str, repo: str | None, python: str | None, memory: str
 def suspend_cmd(workspace: str, repo: str | None, deadline: float, as_json: bool) -> None:
     """Pause a running WORKSPACE between two statements; print its capsule id once the capsule
     is written and checked and the session has exited."""
-    from sojourn.workspace.sessions import PauseRefused
+    from sojourn.workspace.requests import PauseRefused
 
     def progress(kind: str, ev: dict[str, Any]) -> None:
         if kind == "waiting":

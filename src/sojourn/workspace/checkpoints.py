@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import tempfile
 import threading
-import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +24,7 @@ from sojourn.workspace import records as R
 from sojourn.workspace.authority import reap
 from sojourn.workspace.capsules import capsule_facts, verify_capsule
 from sojourn.workspace.errors import WorkspaceError
-from sojourn.workspace.liveness import gone, on_this_host
+from sojourn.workspace.requests import RequestFollower
 from sojourn.workspace.store import WorkspaceStore
 
 if TYPE_CHECKING:
@@ -87,8 +86,6 @@ def checkpoint(store: WorkspaceStore, ref: str, *, deadline: float | None = 600.
                on_progress: Any = None) -> CheckpointResult:
     """Ask the running session for a checkpoint; return once its capsule passed the write
     check (the program keeps running). Raises ``PauseRefused`` when the pause is refused."""
-    from sojourn.workspace.sessions import PauseRefused
-
     ws = store.resolve(ref)
     rec = reap(store, store.record(ws), by="sojourn checkpoint")
     if rec.state != "running" or rec.current is None:
@@ -96,46 +93,18 @@ def checkpoint(store: WorkspaceStore, ref: str, *, deadline: float | None = 600.
         raise WorkspaceError(f"workspace {ws} is not running ({rec.state}): a checkpoint needs a running "
                              f"session{hint}")
     a = rec.current
-    t0 = time.monotonic()
     n = store.request(ws, rec.epoch, "checkpoint", deadline=deadline)
-    cursor, ours, waited = rec.upto, False, []
-    interval = 0.5 if type(store.backend).__name__ == "S3Backend" else 0.05
-    last_live_check = time.monotonic()
-    while True:
-        for ev in store.events(ws, cursor + 1):
-            cursor = int(ev["seq"])
-            if int(ev.get("epoch", 0)) < rec.epoch:
-                continue
-            kind = ev.get("type")
-            if kind == "request" and ev.get("n") == n and ev.get("kind") == "checkpoint":
-                ours = True
-                if on_progress:
-                    on_progress("requested", ev)
-            elif kind == "waiting" and ours:
-                waited.append(str(ev.get("why")))
-                if on_progress:
-                    on_progress("waiting", ev)
-            elif kind == "refused" and ours:
-                raise PauseRefused(str(ev.get("message", "the pause was refused")), list(ev.get("problems") or []))
-            elif kind == "capsule" and ev.get("request") == n and ev.get("checkpoint"):
-                entry = R.CapsuleEntry(**ev["capsule"])
-                if not entry.verified:
-                    raise WorkspaceError(f"checkpoint {entry.id} of {ws} failed its write check: {entry.error}")
-                return CheckpointResult(ws, a.id, entry, time.monotonic() - t0, waited)
-            elif kind == "note" and ev.get("request") == n and ours:
-                raise WorkspaceError(str(ev.get("message")))
-            elif kind == "stopped" and ev.get("allocation") == a.id:
-                raise WorkspaceError(f"workspace {ws} stopped before its checkpoint was taken ({ev.get('reason')}: "
-                                     f"{ev.get('detail')}); state {ev.get('state')}")
-            elif kind == "authority" and int(ev.get("epoch", 0)) > rec.epoch:
-                raise WorkspaceError(f"workspace {ws} was taken by {ev.get('holder')} (a move?) before its "
-                                     "checkpoint was taken; ask again")
-        if wait is not None and time.monotonic() - t0 > wait:
-            raise WorkspaceError(f"no checkpoint from workspace {ws} within {wait:g} s; the request stays pending, "
-                                 "`sojourn show` tells what it waits for")
-        if time.monotonic() - last_live_check > 1.0:
-            last_live_check = time.monotonic()
-            if on_this_host(a) and gone(a):
-                after = reap(store, store.record(ws), by="sojourn checkpoint")
-                raise WorkspaceError(f"the session of {ws} died before its checkpoint; state {after.state}")
-        time.sleep(interval)
+    follow = RequestFollower(store, rec, n, kind="checkpoint", verb="checkpoint", wait=wait, on_progress=on_progress)
+    for ev in follow:
+        kind = ev.get("type")
+        if kind == "capsule" and ev.get("request") == n and ev.get("checkpoint"):
+            entry = R.CapsuleEntry(**ev["capsule"])
+            if not entry.verified:
+                raise WorkspaceError(f"checkpoint {entry.id} of {ws} failed its write check: {entry.error}")
+            return CheckpointResult(ws, a.id, entry, follow.elapsed(), follow.waited)
+        if kind == "note" and ev.get("request") == n and follow.ours:
+            raise WorkspaceError(str(ev.get("message")))
+        if kind == "stopped" and ev.get("allocation") == a.id:
+            raise WorkspaceError(f"workspace {ws} stopped before its checkpoint was taken ({ev.get('reason')}: "
+                                 f"{ev.get('detail')}); state {ev.get('state')}")
+    raise AssertionError("unreachable: RequestFollower only ends by raising")

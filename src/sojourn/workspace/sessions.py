@@ -20,9 +20,10 @@ from typing import Any
 from sojourn.workspace import records as R
 from sojourn.workspace.authority import reap, take
 from sojourn.workspace.errors import WorkspaceError
-from sojourn.workspace.liveness import boot_id, gone, hostname, me, on_this_host, process_start
+from sojourn.workspace.liveness import boot_id, hostname, me, process_start
 from sojourn.workspace.logs import LogRecord, allocation_records, read_log
 from sojourn.workspace.machine import MachineSpec
+from sojourn.workspace.requests import RequestFollower
 from sojourn.workspace.store import WorkspaceStore
 from sojourn.workspace.supervisor import Outcome, SessionSpec, Supervisor
 
@@ -100,14 +101,6 @@ class WorkspaceRow:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
-
-
-class PauseRefused(WorkspaceError):
-    """The session refused the pause (state that cannot travel); it keeps running."""
-
-    def __init__(self, message: str, problems: list[dict[str, Any]]):
-        super().__init__(message)
-        self.problems = problems
 
 
 def _interpreter(python: str | None) -> str:
@@ -251,49 +244,19 @@ def suspend(store: WorkspaceStore, ref: str, *, deadline: float | None = 600.0, 
         cap = rec.last_capsule.id if rec.last_capsule else "none"
         raise WorkspaceError(f"workspace {ws} is not running ({rec.state}; last capsule {cap})")
     a = rec.current
-    t0 = time.monotonic()
     n = store.request(ws, rec.epoch, "suspend", deadline=deadline)
-    cursor = rec.upto
-    ours = False
-    waited: list[str] = []
+    follow = RequestFollower(store, rec, n, kind=None, verb="suspend", wait=wait, on_progress=on_progress)
     capsule: R.CapsuleEntry | None = None
-    interval = 0.5 if type(store.backend).__name__ == "S3Backend" else 0.05
-    last_live_check = time.monotonic()
-    while True:
-        for ev in store.events(ws, cursor + 1):
-            cursor = int(ev["seq"])
-            if int(ev.get("epoch", 0)) < rec.epoch:
-                continue
-            kind = ev.get("type")
-            if kind == "request" and ev.get("n") == n:
-                ours = True
-                if on_progress:
-                    on_progress("requested", ev)
-            elif kind == "waiting" and ours:
-                waited.append(str(ev.get("why")))
-                if on_progress:
-                    on_progress("waiting", ev)
-            elif kind == "refused" and ours:
-                raise PauseRefused(str(ev.get("message", "the pause was refused")), list(ev.get("problems") or []))
-            elif kind == "capsule":
-                capsule = R.CapsuleEntry(**ev["capsule"])
-            elif kind == "stopped" and ev.get("allocation") == a.id:
-                if capsule is not None and capsule.verified and ev.get("state") == "suspended":
-                    return SuspendResult(ws, a.id, capsule, str(ev.get("reason")), time.monotonic() - t0, waited)
-                raise WorkspaceError(f"workspace {ws} stopped without a good capsule ({ev.get('reason')}: "
-                                     f"{ev.get('detail')}); state {ev.get('state')}")
-            elif kind == "authority" and int(ev.get("epoch", 0)) > rec.epoch:
-                raise WorkspaceError(f"workspace {ws} was taken by {ev.get('holder')} while the pause was pending")
-        if wait is not None and time.monotonic() - t0 > wait:
-            raise WorkspaceError(f"no answer from workspace {ws} within {wait:g} s; the pause request stays "
-                                 "pending, `sojourn show` tells what it waits for")
-        if time.monotonic() - last_live_check > 1.0:
-            last_live_check = time.monotonic()
-            if on_this_host(a) and gone(a):
-                after = reap(store, store.record(ws), by="sojourn suspend")
-                raise WorkspaceError(f"the session of {ws} died before it could pause; state {after.state}, "
-                                     f"{after.next_action.hint}")
-        time.sleep(interval)
+    for ev in follow:
+        kind = ev.get("type")
+        if kind == "capsule":
+            capsule = R.CapsuleEntry(**ev["capsule"])
+        elif kind == "stopped" and ev.get("allocation") == a.id:
+            if capsule is not None and capsule.verified and ev.get("state") == "suspended":
+                return SuspendResult(ws, a.id, capsule, str(ev.get("reason")), follow.elapsed(), follow.waited)
+            raise WorkspaceError(f"workspace {ws} stopped without a good capsule ({ev.get('reason')}: "
+                                 f"{ev.get('detail')}); state {ev.get('state')}")
+    raise AssertionError("unreachable: RequestFollower only ends by raising")
 
 
 def rows(store: WorkspaceStore) -> list[WorkspaceRow]:
