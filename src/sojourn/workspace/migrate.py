@@ -298,6 +298,7 @@ def source_doc(msg: dict[str, Any]) -> dict[str, Any]:
 
 def _wait_capsule(sup: Supervisor, move: str, timeout: float) -> dict[str, Any] | str:
     t_end = time.monotonic() + timeout
+    ended: float | None = None
     while True:
         try:
             m = sup.inbox.get(timeout=0.02)
@@ -309,7 +310,11 @@ def _wait_capsule(sup: Supervisor, move: str, timeout: float) -> dict[str, Any] 
             if m.get("event") == "refusal":
                 return f"the pause was refused; the program keeps running: {m.get('message')}"
         elif sup._done.is_set():
-            return "the session ended before it could pause"
+            # The session may have reported its capsule and died at once: the pump thread
+            # still drains its status pipe (EOF comes right after), so give it a moment.
+            ended = ended or time.monotonic()
+            if time.monotonic() - ended > 1.0:
+                return "the session ended before it could pause"
         if time.monotonic() > t_end:
             return f"the program did not reach a statement where it can pause within {timeout:.0f} s"
         if sup.log.due():
