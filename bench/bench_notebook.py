@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -137,13 +138,13 @@ def bench_sojourn(n: int) -> dict[str, Any]:
         k.run(f"{CTL}.autosave.enabled = True", store_history=False)
         res["last_capsule"] = k.value(f"{CTL}.autosave.head")
         # move: from the command to the next cell's end
-        pid0 = k.km.provisioner.pid
+        pid0 = getattr(k.km.provisioner, "pid", None)
         t0 = time.perf_counter()
         _, text = k.run("%sojourn move --to local")
         t_move = time.perf_counter() - t0
         _, after = k.run("print(counter, view.base is arrays[1], type(h) is Holder, float(arrays[2][0] - arrays[2][-1]) > 0)")
         res["move"] = {"move_s": t_move, "next_cell_done_s": time.perf_counter() - t0, "text": text.strip(),
-                       "pid": [pid0, k.km.provisioner.pid], "after": after.strip()}
+                       "pid": [pid0, getattr(k.km.provisioner, "pid", None)], "after": after.strip()}
     finally:
         k.close()
     return res
@@ -194,6 +195,175 @@ def bench_dill(n: int, tmp: Path) -> dict[str, Any]:
     return {"dumps": dumps, "load_s": time.perf_counter() - t0}
 
 
+# Notebooks whose cells do real work: re-running them is what a restore replaces.
+HEAVY: dict[str, list[str]] = {
+    "analysis (pandas+sklearn)": [
+        "import numpy as np, pandas as pd\nfrom sklearn.ensemble import RandomForestClassifier\n"
+        "from sklearn.linear_model import LogisticRegression\nfrom sklearn.model_selection import train_test_split\n"
+        "rng = np.random.default_rng(0)",
+        "df = pd.DataFrame(rng.normal(size=(400_000, 8)), columns=list('abcdefgh'))\n"
+        "df['k'] = rng.integers(0, 50, len(df))\ndf['y'] = (df.a + 0.5 * df.b - df.c * df.d + rng.normal(size=len(df)) > 0).astype(int)",
+        "summary = df.groupby('k').agg(['mean', 'std', 'median'])\nroll = df[list('abcd')].rolling(500).mean()",
+        "Xtr, Xte, ytr, yte = train_test_split(df[list('abcdefgh')], df.y, random_state=1)\n"
+        "lr = LogisticRegression(max_iter=500).fit(Xtr, ytr)",
+        "rf = RandomForestClassifier(n_estimators=40, max_depth=10, n_jobs=1, random_state=0).fit(Xtr[:100_000], ytr[:100_000])\n"
+        "score = rf.score(Xte, yte)",
+    ],
+    "training (torch DataLoader)": [
+        "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\ntorch.manual_seed(0)\ntorch.set_num_threads(1)",
+        "X = torch.randn(40_000, 64)\nY = (X[:, :8].sum(1, keepdim=True) > 0).float()\n"
+        "loader = DataLoader(TensorDataset(X, Y), batch_size=128, shuffle=True)",
+        "model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256), torch.nn.ReLU(), "
+        "torch.nn.Linear(256, 1))\nopt = torch.optim.Adam(model.parameters(), lr=1e-3)\nlosses = []",
+        "for _ in range(6):\n    for xb, yb in loader:\n        opt.zero_grad()\n"
+        "        loss = torch.nn.functional.binary_cross_entropy_with_logits(model(xb), yb)\n        loss.backward()\n"
+        "        opt.step()\n    losses.append(loss.item())\n"
+        # A tensor still in an autograd graph cannot travel (sojourn refuses it, with its path):
+        # the last loss is kept as a plain value, as a notebook that checkpoints would.
+        "loss = loss.detach()",
+    ],
+}
+
+
+def heavy_arrays(n: int) -> list[str]:
+    """The 4-array notebook, with cells that compute (matrix products, a least-squares fit)."""
+    return [SETUP.format(n=n),
+            "g = arrays[0][: 2048 * 2048].reshape(2048, 2048)\nprod = g @ g.T",
+            "A = arrays[1][: 200_000 * 64].reshape(200_000, 64)\nb = arrays[2][:200_000]\n"
+            "coef, *_ = np.linalg.lstsq(A, b, rcond=None)",
+            "arrays[3] = np.sqrt(arrays[3]) * np.log1p(arrays[2])\nstats = [float(a.mean()) for a in arrays]",
+            "u, s_, vt = np.linalg.svd(prod[:1024, :1024])"]
+
+
+def bench_rerun_vs_restore(cells: list[str]) -> dict[str, Any]:
+    """One kernel runs the cells (timed: that is what a re-run costs) and checkpoints; a fresh
+    kernel resumes the capsule (timed from its start to its first cell's end) and a fresh
+    process restores it (``sojourn.restore``)."""
+    k = Kernel({})
+    try:
+        t0 = time.perf_counter()
+        for c in cells:
+            k.run(c)
+        rerun = time.perf_counter() - t0
+        _, said = k.run("%sojourn checkpoint")
+        cap = k.value(f"{CTL}.autosave.head")
+    finally:
+        k.close()
+    if not cap:
+        raise RuntimeError(f"the checkpoint after the cells failed, nothing to restore: {said.strip()}")
+    t0 = time.perf_counter()
+    k = Kernel({"SOJOURN_RESUME": cap})
+    try:
+        k.run("1")
+        resume = time.perf_counter() - t0
+    finally:
+        k.close()
+    code = f"import sojourn, time; t=time.perf_counter(); sojourn.restore({cap!r}, {os.environ['SOJOURN_REPO']!r}, into={{}}); print(time.perf_counter()-t)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return {"rerun_s": rerun, "resume_kernel_s": resume, "restore_s": float(out.stdout.split()[-1])}
+
+
+PEERS = Path(__file__).resolve().parents[1] / ".venv-peers"
+
+
+def bench_kishu(n: int, tmp: Path) -> dict[str, Any]:
+    """Kishu 0.3.4 on the same notebook, in its own kernel from .venv-peers: per-cell wall time
+    (it commits after every cell, in the kernel's thread), bytes its store grows per cell,
+    checkout into a fresh kernel."""
+    from jupyter_client.manager import KernelManager
+
+    py = PEERS / "bin" / "python"
+    spec = tmp / "jupyter" / "kernels" / "kishu-peer"
+    spec.mkdir(parents=True, exist_ok=True)
+    (spec / "kernel.json").write_text(json.dumps({"argv": [str(py), "-m", "ipykernel_launcher", "-f",
+                                                           "{connection_file}"], "display_name": "kishu",
+                                                  "language": "python"}))
+    root = tmp / "kishu"
+    (root / ".kishu").mkdir(parents=True, exist_ok=True)
+    (root / ".kishu" / "config.ini").write_text("[JUPYTERINT]\ntest_mode = True\n")
+    nb_path = tmp / "kishu.ipynb"
+    import nbformat
+
+    nbformat.write(nbformat.v4.new_notebook(), nb_path)
+    # TEST_NOTEBOOK_PATH: Kishu finds its kernel id from a Jupyter server, which this bench has not
+    env = {"KISHU_PATH_ROOT": str(root), "TEST_NOTEBOOK_PATH": str(nb_path)}
+
+    def store_bytes() -> int:
+        # Kishu 0.3.4 keeps its commits in a sqlite file next to the notebook
+        # (kishu/storage/path.py: <notebook dir>/<stem>.kishudb), only its config under
+        # $KISHU_PATH_ROOT/.kishu: both, with sqlite's journal or WAL files.
+        files = [*(root / ".kishu").rglob("*"), *nb_path.parent.glob(f"{nb_path.stem}.kishudb*")]
+        return sum(p.stat().st_size for p in files if p.is_file())
+
+    class Peer(Kernel):
+        def __init__(self) -> None:
+            self.km = KernelManager(kernel_name="kishu-peer")
+            self.km.start_kernel(env={**os.environ, **env})
+            self.kc = self.km.client()
+            self.kc.start_channels()
+            self.kc.wait_for_ready(timeout=120)
+
+    def attach(k: Kernel) -> None:
+        try:
+            k.run(f"from kishu import init_kishu; init_kishu({str(nb_path)!r})")
+        except RuntimeError as e:  # Kishu's post-cell hook runs for the cell that installed it
+            if "PostWithoutPreError" not in str(e):
+                raise
+
+    k = Peer()
+    res: dict[str, Any] = {}
+    try:
+        attach(k)
+        k.run(SETUP.format(n=n))
+        cells = []
+        for c in CELLS:
+            before = store_bytes()
+            t, _ = k.run(c)
+            cells.append({"cell": c, "seconds": t, "written": store_bytes() - before})
+        if not any(nb_path.parent.glob(f"{nb_path.stem}.kishudb*")):  # not where 0.3.4 keeps it: say so
+            for cell in cells:
+                cell["written"] = None
+        res["cells"] = cells
+    finally:
+        k.close()
+    res.update(_kishu_store(nb_path))
+    log = subprocess.run([str(PEERS / "bin" / "kishu"), "log", str(nb_path)], capture_output=True, text=True,
+                         env={**os.environ, **env}, timeout=120)
+    res["log"] = log.stdout[-600:] + log.stderr[-300:]
+    ids = re.findall(r"commit_id=['\"]([0-9a-f]+)['\"]", log.stdout)
+    if not ids:
+        raise RuntimeError(f"no commit in `kishu log`: {res['log']!r}")
+    head = res["head"] = ids[-1]
+    k = Peer()
+    try:
+        attach(k)
+        t, text = k.run(f"_kishu.checkout({head!r})")
+        # The first lines are Kishu's own PostWithoutPreError from the cell that attached it.
+        res["checkout_s"], res["checkout_text"] = t, text.strip().splitlines()[-1][:200] if text.strip() else ""
+    finally:
+        k.close()
+    return res
+
+
+def _kishu_store(nb_path: Path) -> dict[str, Any]:
+    """What Kishu's sqlite store holds: variable data bytes, and the co-variables it rates as
+    unserializable (size inf: it stores nothing of them and re-runs their cells at checkout)."""
+    import sqlite3
+
+    db = nb_path.parent / f"{nb_path.stem}.kishudb"
+    if not db.exists():
+        return {}
+    con = sqlite3.connect(db)
+    try:
+        data = sum(con.execute(f"SELECT COALESCE(SUM(LENGTH(data)), 0) FROM {t}").fetchone()[0]
+                   for t in ("variable_snapshot", "checkpoint"))
+        inf = sorted({name.split(",", 1)[1] for name, size in
+                      con.execute("SELECT versioned_name, size FROM ahg_variable_snapshot") if size == float("inf")})
+    finally:
+        con.close()
+    return {"stored_bytes": data, "db_bytes": db.stat().st_size, "recomputed": inf}
+
+
 def mib(n: float) -> str:
     return f"{n / 2**20:.2f} MiB"
 
@@ -203,6 +373,8 @@ def main() -> None:
     ap.add_argument("--gib", type=float, default=1.0, help="total size of the 4 arrays")
     ap.add_argument("--json")
     ap.add_argument("--skip-dill", action="store_true")
+    ap.add_argument("--skip-heavy", action="store_true", help="skip re-run vs restore on computing notebooks")
+    ap.add_argument("--skip-kishu", action="store_true")
     args = ap.parse_args()
     n = int(args.gib * 2**30 / 4 / 8)
     with tempfile.TemporaryDirectory(prefix="sojourn-bench-nb-") as t:
@@ -213,6 +385,20 @@ def main() -> None:
         restore = bench_restore(soj["last_capsule"], env["SOJOURN_REPO"])
         resume = bench_resume_kernel(soj["last_capsule"])
         dill = None if args.skip_dill else bench_dill(n, tmp)
+        heavy: dict[str, Any] = {}
+        if not args.skip_heavy:
+            for name, cells in [*HEAVY.items(), (f"4 arrays ({args.gib:.2f} GiB), computing", heavy_arrays(n))]:
+                heavy[name] = bench_rerun_vs_restore(cells)
+        kishu: dict[str, Any] | str
+        if args.skip_kishu:
+            kishu = "skipped (--skip-kishu)"
+        elif not (PEERS / "bin" / "python").exists():
+            kishu = f"skipped: {PEERS} is absent (a venv with kishu==0.3.4 and ipykernel)"
+        else:
+            try:
+                kishu = bench_kishu(n, tmp)
+            except Exception as e:
+                kishu = f"failed: {type(e).__name__}: {e}"
     auto = soj["autosave"]
     first, cells = auto[0], auto[1:]
     scalar = [r for r, c in zip(cells, CELLS, strict=False) if "arrays" not in c]
@@ -250,11 +436,35 @@ def main() -> None:
     print(f"\nmove: {soj['move']['text']}\nafter the move: {soj['move']['after']}")
     print("per-cell autosave:", [(r["cell"], round(r["blocking"] * 1000, 1), r["written"], round(r["seconds"], 2))
                                  for r in auto])
-    print("peers quoted (measured on this machine earlier): Kishu 0.3.4 ~45 ms/cell scalar, 16 s and 1.08 GB "
-          "for a 1% array change, 20.5 s checkout; elastic-notebook-slim ~77 ms/cell, 1.08 GB/checkpoint")
+    if heavy:
+        print("\nre-running the cells vs restoring (same run; resume = a fresh sojourn kernel from start to its "
+              "first cell's end)")
+        for name, r in heavy.items():
+            print(f"  {name:34s} re-run {r['rerun_s']:6.2f} s | restore {r['restore_s']:5.2f} s "
+                  f"({100 * (1 - r['restore_s'] / r['rerun_s']):3.0f}% below) | resumed kernel {r['resume_kernel_s']:5.2f} s "
+                  f"({100 * (1 - r['resume_kernel_s'] / r['rerun_s']):3.0f}% below)")
+    if isinstance(kishu, str):
+        print(f"\nKishu: {kishu}")
+    else:
+        ks = [c for c in kishu["cells"] if "arrays" not in c["cell"]]
+        kp = [c for c in kishu["cells"] if "arrays" in c["cell"]]
+
+        def kw(cs: list[dict[str, Any]]) -> str:
+            return "not measured" if any(c["written"] is None for c in cs) else mib(max(c["written"] for c in cs))
+
+        print(f"\nKishu 0.3.4 (same cells, same run): small-variable cell {statistics.median(c['seconds'] for c in ks) * 1000:.0f} ms"
+              f" wall, {kw(ks)} written; 1% array change "
+              f"{max(c['seconds'] for c in kp):.2f} s wall, {kw(kp)} written; "
+              f"checkout into a fresh kernel {kishu.get('checkout_s', float('nan')):.2f} s "
+              f"({kishu.get('checkout_text', '')!r})")
+        if "stored_bytes" in kishu:
+            print(f"  Kishu's store ({mib(kishu['db_bytes'])} sqlite file next to the notebook) holds "
+                  f"{mib(kishu['stored_bytes'])} of variable data; co-variables with a version it rates "
+                  f"unserializable (size inf: that version is not stored, its cells re-run at checkout): "
+                  f"{kishu['recomputed']}")
     if args.json:
         Path(args.json).write_text(json.dumps({"sojourn": soj, "restore": restore, "resume": resume,
-                                               "dill": dill, "rerun": rerun}, indent=1, default=str))
+                                               "dill": dill, "rerun": rerun, "heavy": heavy, "kishu": kishu}, indent=1, default=str))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ class Kernel:
         from jupyter_client.manager import KernelManager
 
         self.pids = pids
+        self.closed = False
         self.km = KernelManager(kernel_name="sojourn")
         self.km.start_kernel(env={**os.environ, **env})
         self.pids.add(self.km)
@@ -46,5 +47,8 @@ class Kernel:
         return out.strip()
 
     def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
         self.kc.stop_channels()
         self.km.shutdown_kernel(now=False)

@@ -12,8 +12,9 @@ The source (``%sojourn move`` running in cell N):
    (a "Run All"), then exits without a word, freeing its ports.
 
 The destination then binds the same ports (the provisioner waits for the source to exit),
-waits until the notebook's client has reconnected (the first IOPub subscription; zmq
-reconnects on its own), and answers cell N itself: a line of output, the ``execute_reply``
+waits until the notebook's client has reconnected to the shell socket (zmq reconnects on its
+own), holds every IOPub message until the client has subscribed again (``watch_subscriptions``),
+and answers cell N itself: a line of output, the ``execute_reply``
 and the ``idle`` status, with cell N's header as parent. Queued requests run next. To the
 client it was one long cell on one kernel.
 """
@@ -55,18 +56,83 @@ def current_request(kernel: Any) -> tuple[list[bytes], dict[str, Any]]:
     return [_bytes(i) for i in (idents or [])], _plain(parent.get("header", {}))
 
 
+class _Arrivals:
+    """Shell requests the main thread has read but not started. ipykernel 7 reads each
+    request off its inproc socket as soon as the event loop turns (between cells, inside
+    async cells) and parks it in a task that waits for the cell lock; those are no longer in
+    any socket, so a move or a suspend must know them to hand them over."""
+
+    def __init__(self) -> None:
+        self.waiting: list[Any] = []
+        self.last_activity = time.monotonic()
+
+
+ARRIVALS = _Arrivals()
+
+
+def track_requests(kernel: Any) -> None:
+    """Record requests from their arrival to their dispatch (call before the kernel starts).
+
+    The arrival is recorded in the inproc stream's receive callback itself, synchronously: a
+    request read in the same loop turn as the cell that then blocks gets a task that has not
+    even started when that cell hands over."""
+    start, shell_main, dispatch = kernel.start, kernel.shell_main, kernel.dispatch_shell
+
+    def tracked_start(*args: Any, **kw: Any) -> Any:
+        out = start(*args, **kw)
+        thread = getattr(kernel, "shell_channel_thread", None)
+        pair = getattr(getattr(thread, "manager", None), "_shell_channel_to_main", None)
+        stream = getattr(pair, "to_stream", None)
+        received = getattr(stream, "_recv_callback", None)
+        if stream is not None and received is not None:
+            def arrived(msg: Any) -> Any:
+                ARRIVALS.last_activity = time.monotonic()
+                ARRIVALS.waiting.append(msg)
+                return received(msg)
+
+            stream.on_recv(arrived, copy=False)
+        return out
+
+    async def tracked_main(subshell_id: Any, msg: Any) -> Any:
+        try:
+            return await shell_main(subshell_id, msg)
+        finally:
+            _forget(msg)
+
+    async def tracked_dispatch(msg: Any, *args: Any, **kw: Any) -> Any:
+        _forget(msg)
+        ARRIVALS.last_activity = time.monotonic()
+        try:
+            return await dispatch(msg, *args, **kw)
+        finally:
+            ARRIVALS.last_activity = time.monotonic()
+
+    kernel.start = tracked_start
+    kernel.shell_main = tracked_main
+    kernel.dispatch_shell = tracked_dispatch
+
+
+def _forget(msg: Any) -> None:
+    for i, m in enumerate(ARRIVALS.waiting):
+        if m is msg:
+            del ARRIVALS.waiting[i]
+            return
+
+
 def drain_queued(kernel: Any) -> list[list[bytes]]:
-    """Requests received but not yet started (they wait behind the running cell)."""
+    """Requests received but not yet started (they wait behind the running cell): those the
+    main thread already read, then those still in its inproc socket, in arrival order."""
     import zmq
 
+    out = [[_bytes(f) for f in m] for m in ARRIVALS.waiting]
+    ARRIVALS.waiting.clear()
     thread = getattr(kernel, "shell_channel_thread", None)
     sock = None
     if thread is not None:
         pair = getattr(thread.manager, "_shell_channel_to_main", None)
         sock = getattr(pair, "to_socket", None)
     if sock is None:
-        return []
-    out = []
+        return out
     while True:
         try:
             out.append([_bytes(f) for f in sock.recv_multipart(zmq.NOBLOCK)])
@@ -125,38 +191,85 @@ def move(ctl: Any, machine: Any) -> str:
     handoff = {
         "idents": control.pack_frames(idents), "header": header,
         "execution_count": int(ctl.shell.execution_count) - 1,  # advanced when the cell began
-        "queued": [control.pack_frames(f) for f in drain_queued(kernel)],
-        "t0": t0, "capture_s": capture_s, "autosave": bool(ctl.autosave.enabled), "capsule": m.id, "size": m.size,
+        "t0": t0, "capture_s": capture_s, "capsule": m.id, "size": m.size,
         "bytes_written": int(m.stats.get("bytes_written", 0)), "notes": notes,
         "from": {"pid": os.getpid(), "machine": ctl.machine, "python": sys.version.split()[0]},
+        **carry(ctl),
     }
+    hand_over_and_exit(ch, kernel, handoff)
+    raise AssertionError("unreachable")
+
+
+def carry(ctl: Any) -> dict[str, Any]:
+    """The kernel's own settings that its next process keeps."""
+    return {"autosave": bool(ctl.autosave.enabled), "autosuspend": ctl.idle.seconds,
+            "resume_on": ctl.resume_on}
+
+
+def hand_over_and_exit(ch: control.Channel, kernel: Any, handoff: dict[str, Any]) -> None:
+    """Send the requests queued behind the current one with ``handoff``, then exit at once.
+
+    The queue is read as late as possible and nothing is awaited after it: a request that
+    arrives later stays in the client's zmq queue (or in this process's socket buffers for
+    the microseconds before exit, the one window left: see docs/notebooks.md) and reaches
+    the next process when zmq reconnects."""
+    handoff["queued"] = [control.pack_frames(f) for f in drain_queued(kernel)]
     try:
         ch.send({"handoff": handoff})
-        ch.recv(timeout=10)
-    except Exception:
-        pass
-    os._exit(0)  # no atexit: the kernel's sockets must simply close, nothing more is sent
+    finally:
+        os._exit(0)  # no atexit: the kernel's sockets must simply close, nothing more is sent
 
 
 # -- the destination's side --------------------------------------------------------------------
 
 
+IOPUB_HOLD = float(os.environ.get("SOJOURN_IOPUB_HOLD", "60"))
+
+
 def watch_subscriptions(app: Any) -> threading.Event:
-    """An event set at the first IOPub subscription: the notebook's client is back."""
+    """An event set at the first IOPub subscription: the notebook's client is back.
+
+    Until then every IOPub message is held, not sent: the XPUB would drop it (no
+    subscriber), and the client may take long to subscribe again. A zmq SUB socket
+    resends its subscription after a reconnect only when its owner next touches it (the
+    reconnect queues a "hiccup" command that the socket processes in its own thread): a
+    Jupyter server polls IOPub all the time, but a client blocked on a shell reply does not,
+    and would lose the output of every cell the new process runs before that reply. The
+    held messages go out right after the subscription's ``iopub_welcome``, or after
+    ``$SOJOURN_IOPUB_HOLD`` seconds (60) if nobody subscribes."""
     seen = threading.Event()
     iot: Any = getattr(app, "iopub_thread", None)
-    stream = getattr(iot, "_xpub_stream", None)
-    if iot is None or stream is None:
-        seen.set()  # an older ipykernel: no way to tell; deliver() waits a fixed time instead
+    send = getattr(iot, "_really_send", None)
+    welcome = getattr(iot, "_send_welcome_message", None)
+    if iot is None or send is None or welcome is None:
+        seen.set()  # an ipykernel without the XPUB welcome: no way to tell, nothing is held
         return seen
-    original = iot._handle_subscription
+    held: list[tuple[Any, Any, Any]] = []
 
-    def on_sub(frames: Any) -> None:
-        original(frames)
-        if any(len(f) and _bytes(f)[0] == 1 for f in frames):
-            seen.set()
+    def release() -> None:  # on the IOPub thread, like every send
+        if seen.is_set():
+            return
+        seen.set()
+        iot._really_send = send
+        for msg, args, kw in held:
+            send(msg, *args, **kw)
+        held.clear()
 
-    iot.io_loop.add_callback(lambda: stream.on_recv(on_sub))
+    def hold(msg: Any, *args: Any, **kw: Any) -> None:
+        if seen.is_set():
+            send(msg, *args, **kw)
+        else:
+            held.append((msg, args, kw))
+
+    def on_welcome(subscription: str) -> None:
+        welcome(subscription)  # JEP 65: the welcome is the first message a subscriber sees
+        release()
+
+    # Both are looked up on the instance at each call (send_multipart schedules
+    # ``self._really_send``; ``_handle_subscription`` calls ``self._send_welcome_message``).
+    iot._really_send = hold
+    iot._send_welcome_message = on_welcome
+    iot.io_loop.add_callback(lambda: iot.io_loop.call_later(IOPUB_HOLD, release))
     return seen
 
 
@@ -183,14 +296,28 @@ def watch_connections(sock: Any) -> threading.Event:
     return seen
 
 
-async def deliver(app: Any, handoff: dict[str, Any], seen: threading.Event, info: dict[str, Any],
+async def deliver(app: Any, handoff: dict[str, Any], info: dict[str, Any],
                   shell_seen: threading.Event | None = None) -> None:
     """Answer the cell that asked for the move, then run what was queued behind it."""
     kernel = app.kernel
+    # IOPub messages wait for the client's subscription by themselves (watch_subscriptions);
+    # a shell reply sent before the client's DEALER is back would be dropped by the ROUTER.
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and not (seen.is_set() and (shell_seen is None or shell_seen.is_set())):
+    while time.monotonic() < deadline and shell_seen is not None and not shell_seen.is_set():
         await asyncio.sleep(0.01)
     await asyncio.sleep(0.02)
+    for frames in handoff.get("iopub", []):  # what the stand-in published that nobody received yet
+        kernel.iopub_socket.send_multipart(control.unpack_frames(frames))
+    if not handoff.get("header"):  # a resume: nobody waits for an answer, the requests run
+        from sojourn.notebook import magics
+
+        ctl = magics.controller(kernel.shell)
+        if ctl is not None:  # not printed: it would land in the output of the cell that woke the kernel
+            ctl.resumed = (f"resumed on {info.get('machine')} (pid {os.getpid()}) in "
+                           f"{time.time() - float(handoff.get('t_wake', time.time())):.2f} s, restore "
+                           f"{info.get('restore_s', 0):.2f} s ({info.get('restore_parts', '')})")
+        await _replay(kernel, handoff)
+        return
     parent = {"header": handoff["header"]}
     idents = control.unpack_frames(handoff["idents"])
     took = time.time() - float(handoff["t0"])
@@ -208,9 +335,13 @@ async def deliver(app: Any, handoff: dict[str, Any], seen: threading.Event, info
                 "status": "ok"}
     kernel.session.send(_reply_socket(kernel), "execute_reply", content, parent, metadata=metadata, ident=idents)
     kernel._publish_status("idle", "shell", parent)
-    for frames in handoff.get("queued", []):
-        import zmq
+    await _replay(kernel, handoff)
 
+
+async def _replay(kernel: Any, handoff: dict[str, Any]) -> None:
+    import zmq
+
+    for frames in handoff.get("queued", []):
         await kernel.shell_main(None, [zmq.Frame(f) for f in control.unpack_frames(frames)])
 
 
@@ -219,10 +350,3 @@ def _reply_socket(kernel: Any) -> Any:
     if thread is not None:  # ipykernel 7: the main thread replies through its pair socket
         return thread.manager.get_subshell_to_shell_channel_socket(None)
     return kernel.shell_stream
-
-
-def suspend(ctl: Any) -> str:
-    raise MoveFailed(
-        "suspending a live kernel is not implemented yet: the provisioner must hold the kernel's "
-        "ports while no process runs. Until then: `%sojourn checkpoint`, shut the kernel down, and "
-        "start it again with SOJOURN_RESUME=<workspace> (or `%sojourn open <workspace>`)")

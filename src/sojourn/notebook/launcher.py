@@ -75,12 +75,16 @@ def main() -> None:
         from sojourn.ops import notebook as nb
 
         try:
+            if resume == "notebook":  # the kernelspec's resume="notebook": this notebook's own workspace
+                resume = nb.suspended_for_notebook(os.environ.get("SOJOURN_REPO") or None,
+                                                   os.environ.get("JPY_SESSION_NAME") or None) or ""
             ws, cap = (None, resume) if resume.startswith("cap_") else nb.last_capsule(
-                os.environ.get("SOJOURN_REPO") or None, resume)
+                os.environ.get("SOJOURN_REPO") or None, resume) if resume else (None, None)
             plan = {"capsule": cap, "workspace": ws, "repo": os.environ.get("SOJOURN_REPO") or None,
                     "moved_from": None}
             if cap is None:
-                info["notes"].append(f"workspace {resume} has no capsule; the kernel starts empty")
+                if resume:
+                    info["notes"].append(f"workspace {resume} has no capsule; the kernel starts empty")
                 plan = None
         except Exception as e:
             info["notes"].append(f"could not resume {resume}: {e}; the kernel starts empty")
@@ -117,7 +121,7 @@ def _start_kernel(ns: dict[str, Any] | None, st: Any, plan: dict[str, Any] | Non
 
     def init_iopub(context: Any) -> None:
         original_init_iopub(context)
-        if handoff is not None:  # watch for the client's return before it can happen
+        if handoff is not None:  # hold IOPub until the client subscribes again (before it can)
             seen_holder["seen"] = handover.watch_subscriptions(app)
 
     app.init_iopub = init_iopub  # type: ignore[method-assign]
@@ -149,23 +153,25 @@ def _start_kernel(ns: dict[str, Any] | None, st: Any, plan: dict[str, Any] | Non
                                    machine=info["machine"], moved_from=plan.get("moved_from"))
         except Exception as e:
             notes.append(f"this kernel could not take its workspace {plan['workspace']}: {e}; a new one was made")
+    if hasattr(app.kernel, "shell_main"):  # ipykernel 7: know every request a move must hand over
+        handover.track_requests(app.kernel)
     ctl = magics.install(shell, session, notes)
     if plan is not None:
         ctl.autosave.head = plan["capsule"]
-    if handoff is not None and handoff.get("autosave"):
-        ctl.autosave.enabled = True
+    if handoff is not None:  # the kernel's own settings go with it
+        if handoff.get("autosave"):
+            ctl.autosave.enabled = True
+        if handoff.get("resume_on"):
+            ctl.resume_on = str(handoff["resume_on"])
+        if handoff.get("autosuspend"):
+            ctl.idle.set(float(handoff["autosuspend"]))
     if handoff is not None:
         import asyncio
 
-        seen = seen_holder.get("seen")
-        if seen is None:
-            import threading
-
-            seen = threading.Event()
         from tornado.ioloop import IOLoop
 
         IOLoop.current().add_callback(lambda: asyncio.ensure_future(
-            handover.deliver(app, handoff, seen, {**info, "notes": notes}, seen_holder.get("shell"))))
+            handover.deliver(app, handoff, {**info, "notes": notes}, seen_holder.get("shell"))))
     elif notes:
         for n in notes:
             print(f"sojourn: {n}", file=sys.__stderr__)

@@ -6,7 +6,10 @@
     %sojourn move --to MACHINE [--memory SIZE]   this kernel's process moves; same kernel id
     %sojourn fork NAME                   a new workspace from this state (open it in a kernel)
     %sojourn open WORKSPACE|CAPSULE      load a workspace's last capsule into this kernel
-    %sojourn suspend                     capsule, then release the machine (same kernel id)
+    %sojourn suspend [--on MACHINE]      capsule (checked), release the machine; the next cell resumes
+    %sojourn autosuspend 30m|off         suspend when idle that long
+    %sojourn resume WORKSPACE            load a workspace's last capsule here (as open)
+    %sojourn resume --on MACHINE         where this kernel resumes after a suspend
 
 One :class:`Controller` per shell holds the open repository (its chunk cache saves a stat per
 chunk on every capsule), the kernel's workspace session and the autosaver.
@@ -65,6 +68,15 @@ class Controller:
         shell.events.register("post_run_cell", self._post)
         if os.environ.get("SOJOURN_AUTOSAVE", "").lower() in ("1", "on", "true", "yes"):
             self.autosave.enabled = True
+        from sojourn.notebook.suspend import IdleSuspend, parse_duration
+
+        self.resume_on: str | None = os.environ.get("SOJOURN_RESUME_ON") or None
+        self.resumed: str | None = None  # how the last resume after a suspend went
+        self.idle = IdleSuspend(self)
+        try:
+            self.idle.set(parse_duration(os.environ.get("SOJOURN_AUTOSUSPEND")))
+        except ValueError as e:
+            self.notes.append(f"SOJOURN_AUTOSUSPEND: {e}")
 
     def _scheduler(self) -> Any:
         kernel = getattr(self.shell, "kernel", None)
@@ -176,6 +188,11 @@ class Controller:
         else:
             done = f"last after cell {last.cell} FAILED: {last.error}"
         lines.append(f"autosave    {'on' if a.enabled else 'off'}; {done}")
+        idle = f"after {self.idle.seconds:g} s idle" if self.idle.seconds else "off"
+        lines.append(f"suspend     autosuspend {idle}; resumes on {self.resume_machine()}"
+                     + (f"; last idle suspend failed: {self.idle.last_error}" if self.idle.last_error else ""))
+        if self.resumed:
+            lines.append(f"            {self.resumed}")
         if problems:
             lines.append(f"cannot travel ({len(problems)}):")
             lines += [f"  - {p}" for p in problems]
@@ -226,10 +243,15 @@ class Controller:
         return (f"opened {ref} ({cap}): {len(names)} variable(s) in {restored.timings['total']:.2f} s"
                 + "".join(f"\nnote: {n}" for n in notes))
 
-    def suspend(self) -> str:
-        from sojourn.notebook import handover
+    def resume_machine(self) -> str:
+        return self.resume_on or self.machine
 
-        return handover.suspend(self)
+    def suspend(self, on: str | None = None) -> str:
+        from sojourn.notebook import machines
+        from sojourn.notebook.suspend import suspend
+
+        machine = machines.resolve(on or self.resume_machine(), None, self.repo)
+        return suspend(self, machine)
 
 
 class _Ref:
@@ -252,12 +274,19 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("name")
     o = sub.add_parser("open")
     o.add_argument("ref")
-    sub.add_parser("suspend")
+    s = sub.add_parser("suspend")
+    s.add_argument("--on")
+    i = sub.add_parser("autosuspend")
+    i.add_argument("after", nargs="?")
+    r = sub.add_parser("resume")
+    r.add_argument("ref", nargs="?")
+    r.add_argument("--on")
     return p
 
 
 def sojourn_magic(line: str) -> Any:
     from sojourn.errors import SojournError
+    from sojourn.notebook.handover import MoveFailed
 
     shell = _get_ipython()
     ctl = _CONTROLLERS.get(id(shell))
@@ -270,7 +299,7 @@ def sojourn_magic(line: str) -> Any:
         return None
     try:
         out = _run(ctl, args)
-    except (SojournError, ValueError, ConnectionError, TimeoutError, OSError) as e:
+    except (SojournError, MoveFailed, ValueError, ConnectionError, TimeoutError, OSError) as e:
         print(f"%sojourn {args.cmd or ''}: {e}", file=sys.stderr)
         return None
     if out:
@@ -302,7 +331,22 @@ def _run(ctl: Controller, args: argparse.Namespace) -> str:
     if args.cmd == "open":
         return ctl.open(args.ref)
     if args.cmd == "suspend":
-        return ctl.suspend()
+        return ctl.suspend(args.on)
+    if args.cmd == "autosuspend":
+        from sojourn.notebook.suspend import parse_duration
+
+        if args.after is not None:
+            ctl.idle.set(parse_duration(args.after))
+        return f"autosuspend after {ctl.idle.seconds:g} s idle" if ctl.idle.seconds else "autosuspend off"
+    if args.cmd == "resume":
+        if args.on:
+            from sojourn.notebook import machines
+
+            machines.resolve(args.on, None, ctl.repo)  # an unknown machine is refused now, not at resume
+            ctl.resume_on = args.on
+        if args.ref:
+            return ctl.open(args.ref)
+        return f"after a suspend this kernel resumes on {ctl.resume_machine()}"
     raise ValueError(f"unknown command {args.cmd}")
 
 

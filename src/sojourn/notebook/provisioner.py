@@ -28,6 +28,7 @@ import secrets
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 from typing import Any
@@ -52,6 +53,10 @@ class SojournProvisioner(LocalProvisioner):  # type: ignore[misc]
     machine = Unicode("local", config=True, help="the machine a new kernel starts on")
     repo = Unicode("", config=True, help="the sojourn repository (default: $SOJOURN_REPO or ~/.sojourn/repo)")
     autosave = Bool(False, config=True, help="a capsule after every cell from the first one")
+    autosuspend = Unicode("", config=True, help="suspend the kernel after this long idle (30m, 90s; empty: never)")
+    resume_on = Unicode("", config=True, help="the machine a suspended kernel resumes on (default: its last)")
+    resume = Unicode("", config=True, help="a workspace (or capsule) a new kernel starts from; 'notebook': "
+                     "the suspended workspace of the notebook, when there is one")
 
     _server: control.Server | None = None
     _dir: str | None = None
@@ -62,6 +67,7 @@ class SojournProvisioner(LocalProvisioner):  # type: ignore[misc]
         kwargs = await super().pre_launch(**kwargs)
         self._close_control()
         self._slots: dict[str, _Slot] = {}
+        self._suspended: dict[str, Any] | None = None
         self._pending: set[subprocess.Popen[bytes]] = set()
         self._lock = threading.Lock()
         self._dir = tempfile.mkdtemp(prefix="sojourn-kernel-")
@@ -73,19 +79,26 @@ class SojournProvisioner(LocalProvisioner):  # type: ignore[misc]
             env.setdefault("SOJOURN_REPO", self.repo)
         if self.autosave:
             env.setdefault("SOJOURN_AUTOSAVE", "1")
+        for key, value in (("SOJOURN_AUTOSUSPEND", self.autosuspend), ("SOJOURN_RESUME_ON", self.resume_on),
+                           ("SOJOURN_RESUME", self.resume)):
+            if value:
+                env.setdefault(key, value)
         kwargs["env"] = env
         self._cmd = list(kwargs["cmd"])
         self._launch = {k: v for k, v in kwargs.items() if k != "cmd"}
         return kwargs
 
     def _spawn(self, python: str, memory: int | None, machine: str, token: str,
-               preload: list[str]) -> subprocess.Popen[bytes]:
+               preload: list[str], stand_in: bool = False) -> subprocess.Popen[bytes]:
         cmd = list(self._cmd)
         cmd[0] = python  # the kernelspec's argv starts with the interpreter
+        if stand_in:  # the suspended kernel's stand-in runs where the server runs, with its python
+            cmd = [sys.executable, "-m", "sojourn.notebook.stub", "-f", self._connection_file()]
         kw = LocalProvisioner._scrub_kwargs(dict(self._launch))
         env = dict(kw.get("env") or os.environ)
         env.update(SOJOURN_HANDOFF=token, SOJOURN_MACHINE=machine, SOJOURN_PRELOAD=",".join(preload))
         env.pop("SOJOURN_MEMORY", None)
+        env.pop("SOJOURN_RESUME", None)  # a destination restores what it is sent, nothing else
         if memory:
             env["SOJOURN_MEMORY"] = str(memory)
         kw["env"] = env
@@ -94,13 +107,29 @@ class SojournProvisioner(LocalProvisioner):  # type: ignore[misc]
             self._pending.add(proc)
         return proc
 
+    def _connection_file(self) -> str:
+        cf = getattr(self.parent, "connection_file", None)
+        if cf:
+            return str(cf)
+        return str(self._cmd[self._cmd.index("-f") + 1])
+
     # -- the control channel ---------------------------------------------------------------------
 
     def _serve(self, ch: control.Channel) -> None:
         msg = ch.recv(timeout=30)
-        if msg.get("op") == "move":
-            self._move(ch, msg)
-        elif msg.get("op") == "hello":
+        op = msg.get("op")
+        if op == "move":  # a kernel moves: the destination restores the capsule the source sends next
+            self._relocate(ch, msg, plan=None, stand_in=False)
+        elif op == "suspend":  # a kernel suspends: a stand-in holds the ports
+            self._relocate(ch, msg, plan=msg["plan"], stand_in=True)
+        elif op == "wake":  # the stand-in got a request: resume on the chosen machine
+            with self._lock:
+                held = self._suspended
+            if held is None:
+                ch.send({"status": "failed", "error": "this kernel is not suspended"})
+                return
+            self._relocate(ch, held["target"], plan=held["plan"]["plan"], stand_in=False)
+        elif op == "hello":
             slot = self._slots.get(str(msg.get("token")))
             if slot is None:
                 return
@@ -108,20 +137,29 @@ class SojournProvisioner(LocalProvisioner):  # type: ignore[misc]
             slot.arrived.set()
             slot.finished.wait()  # the move talks to it; keep the connection open until then
 
-    def _move(self, ch: control.Channel, msg: dict[str, Any]) -> None:
+    def _relocate(self, ch: control.Channel, target: dict[str, Any], *, plan: dict[str, Any] | None,
+                  stand_in: bool) -> None:
+        """Start the next process of this kernel, let it get ready while ``ch``'s process (the
+        kernel, or the stand-in) still owns the ports, then swap: the next process is
+        followed, the current one hands over and exits, the next one binds the ports."""
         token = secrets.token_hex(8)
         slot = self._slots[token] = _Slot()
         proc = None
         try:
             try:
-                proc = self._spawn(str(msg["python"]), msg.get("memory"), str(msg["machine"]), token,
-                                   msg.get("preload") or [])
+                proc = self._spawn(str(target.get("python") or sys.executable), target.get("memory"),
+                                   str(target.get("machine") or self.machine), token,
+                                   target.get("preload") or [], stand_in=stand_in)
                 while not slot.arrived.wait(0.1):
                     if proc.poll() is not None:
                         raise RuntimeError(f"the destination process exited at start (code {proc.returncode})")
-                info = ch.recv(timeout=None)  # the source's capsule, once written
                 assert slot.channel is not None
-                slot.channel.send({"restore": info})
+                if stand_in:
+                    slot.channel.send({"stand_in": plan})
+                else:
+                    if plan is None:
+                        plan = ch.recv(timeout=None)  # the source's capsule, once written
+                    slot.channel.send({"restore": plan})
                 while True:
                     try:
                         res = slot.channel.recv(timeout=1.0)
@@ -140,7 +178,7 @@ class SojournProvisioner(LocalProvisioner):  # type: ignore[misc]
                 except OSError:
                     pass
                 return
-            # Commit: from here on Jupyter follows the destination.
+            # Commit: from here on Jupyter follows the next process.
             old = self.process
             self.process, self.pid = proc, proc.pid
             try:
@@ -149,11 +187,14 @@ class SojournProvisioner(LocalProvisioner):  # type: ignore[misc]
                 self.pgid = None
             with self._lock:
                 self._pending.discard(proc)
+                self._suspended = {"target": target, "plan": plan} if stand_in else None
             handoff = None
             try:
                 ch.send({"status": "release"})
+                # The source sends its hand-over as its last act and exits without waiting for
+                # an answer: the bytes wait in the socket, and no request arriving meanwhile is
+                # read by a process that is about to vanish.
                 handoff = ch.recv(timeout=30).get("handoff")
-                ch.send({"ok": True})
             except Exception:
                 pass  # the source died after release: the destination answers no pending cell
             if old is not None:

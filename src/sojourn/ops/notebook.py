@@ -139,6 +139,22 @@ def last_capsule(repo: PathLike | None, workspace: str) -> tuple[str, str | None
         return ws, rec.last_capsule.id if rec.last_capsule else None
 
 
+def suspended_for_notebook(repo: PathLike | None, notebook: str | None) -> str | None:
+    """The workspace of ``notebook`` (named after it, as :func:`open_kernel` names it) when it
+    is suspended at a capsule: a kernel opened again for that notebook resumes it."""
+    if not notebook:
+        return None
+    stem = os.path.splitext(os.path.basename(notebook))[0]
+    with open_repository(repo, create=True) as r:
+        store = WorkspaceStore(r)
+        try:
+            ws = store.resolve(stem)
+        except Exception:
+            return None  # no such workspace (or the name is ambiguous): start empty
+        rec = store.record(ws)
+        return ws if rec.state == "suspended" and rec.last_capsule else None
+
+
 def fork(sess: KernelSession, ref: Any, name: str) -> str:
     """A new workspace whose history starts at ``ref`` (a capsule of ``sess``). Nothing is
     copied: the fork's capsules name the same chunks."""
