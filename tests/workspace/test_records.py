@@ -388,3 +388,29 @@ def test_a_creator_that_died_before_its_first_epoch_does_not_leave_it_running(st
     assert rec.state == "running" and rec.epoch == 0
     rec = reap(store, rec)
     assert rec.state == "failed" and "gone" in rec.detail and rec.next_action.action == "run-again"
+
+
+def test_a_reaper_records_the_capsule_a_dead_allocation_left_unrecorded(store: WorkspaceStore) -> None:
+    """A supervisor that died in its write check leaves a capsule no event names: the reaper
+    finds it by its label (this allocation's, not another's), checks it and records it. This
+    one holds a plain namespace, not a paused program, so its check fails: the stop is
+    `failed` and says which check failed; the capsule is in the record, unverified."""
+    from sojourn.capsule.capture import capture_namespace
+
+    meta = store.create(command(), None, default_name="train")
+    ws, al, pid = meta["id"], R.new_id("al"), _dead_pid()
+    store.append(ws, 0, al, {"type": "created", "name": meta["name"], "command": meta["command"]})
+    epoch = take(store, R.initial(meta), al, "run")
+    alloc = R.Allocation(id=al, provider="local", machine=hostname(), host=hostname(), boot_id=boot_id(), pid=pid,
+                         pid_start=None, python=sys.executable, memory_limit=None, started=R.now(), epoch=epoch)
+    store.append(ws, epoch, al, {"type": "allocation", "allocation": asdict(alloc)},
+                 {"type": "started", "allocation": al, "session_pid": pid, "python_version": "3.11"})
+    label = {"workspace": ws, "allocation": al, "epoch": epoch}
+    other = capture_namespace({"x": 2}, store.repo, labels={"sojourn.workspace": {**label, "allocation": "al_other"}})
+    mine = capture_namespace({"x": 1}, store.repo, labels={"sojourn.workspace": label})
+    rec = reap(store, store.record(ws))
+    assert rec.state == "failed" and rec.stop_reason == "failed"
+    assert [c.id for c in rec.capsules] == [mine.id] and not rec.capsules[0].verified
+    assert rec.last_capsule is None and other.id not in rec.detail
+    assert f"capsule {mine.id}" in rec.detail and "failed its write check" in rec.detail
+    assert rec.allocations[-1].ended is not None

@@ -336,3 +336,20 @@ def test_a_resume_that_cannot_start_leaves_the_workspace_suspended(sh: Shell) ->
     path.write_text(original)
     good = sh.cli("resume", ws)
     assert good.returncode == 0 and first.stdout + good.stdout == expected
+
+
+def test_a_session_killed_before_it_started_exits_128_plus_the_signal(sh: Shell, tmp_path: Path) -> None:
+    """`sojourn resume` exited 247 (-9 & 255) when its session was killed by a signal before it
+    started: the exit code must be 128+n there too, as for a session killed later."""
+    sh.write("seed.py", SEED)
+    first = sh.cli("run", "seed.py", env={"KILLS": "4"})
+    ws = sh.show_id(first.stderr)
+    cap = sh.show(ws)["last_capsule"]["id"]
+    dies = tmp_path / "dies-at-once"
+    dies.write_text("#!/bin/sh\nkill -9 $$\n")
+    dies.chmod(0o755)
+    res = sh.cli("resume", "--python", str(dies), ws)
+    assert res.returncode == 128 + signal.SIGKILL, (res.returncode, res.stderr)
+    rec = sh.show(ws)
+    assert rec["state"] == "suspended" and rec["last_capsule"]["id"] == cap
+    assert "killed by SIGKILL before it started" in rec["allocations"][-1]["detail"]

@@ -539,6 +539,9 @@ class Supervisor:
         if not self.started:
             tail = self.stderr_tail.decode(errors="replace").strip().splitlines()
             last = f": {tail[-1]}" if tail else ""
+            if rc < 0:  # killed before it started: exit as a shell would (128+n), not as the raw -n & 255
+                return "failed", (f"the session was killed by {_signal_name(-rc)} before it started under {self.spec.python}"
+                                  f"{last}"), 128 - rc
             return "failed", f"the session did not start under {self.spec.python} (exit code {rc}){last}", rc
         if em is not None and not em.get("ran", True):
             return "failed", f"the program could not be carried on: {em.get('message', '')}", rc
@@ -551,8 +554,7 @@ class Supervisor:
         if rc == EXIT_PAUSE_FAILED:
             return "failed", "a pause was required (SIGTERM) but could not be taken before its deadline", rc
         if rc < 0:
-            name = signal.Signals(-rc).name if -rc in signal.Signals._value2member_map_ else str(-rc)
-            return "failed", f"the session was killed by {name}", 128 - rc
+            return "failed", f"the session was killed by {_signal_name(-rc)}", 128 - rc
         if em is not None and em.get("error"):
             return "failed", f"{em.get('error')}: {em.get('message', '')}"[:500], rc
         return "failed", f"exit code {rc}", rc
@@ -573,6 +575,10 @@ def hard_stop_grace() -> float:
         return max(0.1, float(os.environ.get("SOJOURN_HARD_STOP_GRACE", "60")))
     except ValueError:
         return 60.0
+
+
+def _signal_name(n: int) -> str:
+    return signal.Signals(n).name if n in signal.Signals._value2member_map_ else str(n)
 
 
 def _seconds(s: float) -> str:
