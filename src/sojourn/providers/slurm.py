@@ -224,7 +224,10 @@ class SlurmProvider:
         hard = self.hard_stop_of(offer, spec)
         signal_s = int(self.config.get("signal_s", DEFAULT_SIGNAL_S))
         if hard is not None:
-            signal_s = max(1, min(signal_s, int(hard // 2)))  # the notice must come before the end
+            # The notice must come before the end, and Slurm may send it up to 60 s earlier
+            # than asked: keep it at least 15 s after the start when the limit allows, or it
+            # can reach the batch shell before Python has installed its handler (and kill it).
+            signal_s = max(1, min(signal_s, int(hard // 2), *([int(hard) - 75] if hard > 76 else [])))
         lines = ["#!/bin/bash", f"#SBATCH --job-name=sojourn-{spec.workspace}",
                  f"#SBATCH --partition={offer.extra.get('partition', offer.name)}",
                  f"#SBATCH --output={out_dir / (spec.allocation + '.out')}", "#SBATCH --open-mode=append",
