@@ -66,8 +66,18 @@ def test_numpy_loop_out_of_memory_captures_and_resumes_with_more_memory(runner: 
     first = limited(runner, ["run", str(script)], limit)
     assert first.returncode == EXIT_OOM, first.stderr
     assert first.capsule, first.stderr
-    # The innermost statement of the program: the allocation inside chunk(), called from the loop.
-    assert re.search(r"out of memory at \S*grow.py:7 in chunk \(MemoryError: Unable to allocate 4.00 MiB", first.stderr)
+    # The innermost statement of the program whose allocation failed. Nearly always that is the
+    # 4 MiB array inside chunk(), called from the loop; but when the limit leaves less headroom
+    # than an interpreter arena (pymalloc maps 256 KiB at a time), a small allocation of the loop
+    # body can fail first (seen once in CI: line 10, a bare MemoryError). Either way the capsule
+    # must name the statement that failed, inside the loop.
+    m = re.search(r"out of memory at \S*grow.py:(\d+) in (\S+) \((MemoryError[^)]*)\)", first.stderr)
+    assert m, first.stderr
+    if "Unable to allocate 4.00 MiB" in m.group(3):
+        assert (m.group(1), m.group(2)) == ("7", "chunk"), first.stderr
+    else:
+        assert (m.group(1), m.group(2)) in {("7", "chunk"), ("10", "<module>"), ("11", "<module>"),
+                                            ("12", "<module>"), ("13", "<module>")}, first.stderr
     assert "positioned before that statement, which runs again on resume" in first.stderr
     assert "resume it with more memory" in first.stderr
     assert 10 < len(first.stdout.splitlines()) < 60
