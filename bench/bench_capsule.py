@@ -30,7 +30,8 @@ measured:
   memory, no file at all) of the same list.
 * incremental: after 1% of the arrays change in place, a capture with the first as its
   parent; bytes written (chunks + manifest) against the first capture's.
-* fingerprints: the fresh-process restores with ``check=True`` against ``check=False``.
+* fingerprints: inside each fresh-process restore with ``check=True``, the check's own phase
+  against the rest of that restore; the separate ``check=False`` restores are in a note.
 """
 
 from __future__ import annotations
@@ -226,22 +227,27 @@ class Bench:
                     b / s >= 0.8,
                 )
             )
-            extra = s / n - 1
+            # What the check adds is measured inside each checked restore: its own phase
+            # against the rest of that same restore (same process, same cache state). Two
+            # separate restores (with and without the check) differ by more than the check
+            # itself on a shared 2-CPU machine, cold runs by +-0.3 s; that comparison is
+            # printed as a note, not used for the verdict.
+            shares = [ph / (tot - ph) for ph, tot in zip(runs["phase"], runs["check"], strict=True)]
+            extra = med(shares)
+            phase = med(runs["phase"])
             self.rows.append(
                 Row(
                     f"fingerprint check cost on restore ({mode})",
-                    f"{fmt_s(s)} with check",
-                    f"{fmt_s(n)} without",
+                    f"{fmt_s(phase)} check phase",
+                    f"{fmt_s(s - phase)} rest of restore",
                     f"{extra * 100:+.0f}%",
                     "<= +20%",
                     extra <= 0.20,
                 )
             )
-            phase = med(runs["phase"])
             self.notes.append(
-                f"restore {mode}: without the fingerprint check {b / n:.2f}x the read baseline; "
-                f"the check's own phase took {fmt_s(phase)} (median), "
-                f"{phase / (s - phase) * 100:+.0f}% of the rest of that restore"
+                f"restore {mode}: without the fingerprint check {b / n:.2f}x the read baseline; two separate "
+                f"restores, with the check {fmt_s(s)} and without {fmt_s(n)}: {(s / n - 1) * 100:+.0f}%"
             )
 
     # dill, torch.save ------------------------------------------------------------------------

@@ -14,6 +14,10 @@ Semantics every backend keeps:
 * ``flush`` makes every earlier ``save`` durable (the local backend fsyncs directories
   in one batch there instead of once per object).
 * Missing objects raise :class:`~sojourn.errors.ObjectNotFound`.
+
+A backend may also carry ``compress_below`` (a float): the compressed/plain ratio of a
+sample under which chunks are stored compressed (see :func:`sojourn.repository.chunks.compress_below`;
+without it, local and in-memory backends get 0.5 and any other 0.9).
 """
 
 from __future__ import annotations
