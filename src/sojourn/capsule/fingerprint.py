@@ -220,42 +220,44 @@ def extern_token(obj: Any, index: int) -> Any:
 
 
 def _digest(value: Any) -> str:
-    h = blake3.blake3(b"sojourn-canon-1\0")
-    seen: dict[int, int] = {}
-    _emit(value, h, seen)
-    return h.hexdigest()[:32]
+    # The canonical form is gathered into one list and hashed once: one hash update per atom
+    # cost half of the comparison's time on a model's state.
+    out: list[bytes] = [b"sojourn-canon-1\0"]
+    _emit(value, out, {})
+    return blake3.blake3(b"".join(out)).hexdigest()[:32]
 
 
-def _emit(value: Any, h: Any, seen: dict[int, int]) -> None:
+def _emit(value: Any, out: list[bytes], seen: dict[int, int]) -> None:
     # Iterative would be faster but recursion mirrors the structure; depth equals nesting.
     if isinstance(value, _Node):
         ref = seen.get(id(value))
         if ref is not None:
-            h.update(b"R%d;" % ref)
+            out.append(b"R%d;" % ref)
             return
         seen[id(value)] = len(seen)
-        h.update(b"N" + value.kind.encode() + b"(")
+        out.append(b"N" + value.kind.encode() + b"(")
         if value.kind in ("set", "frozenset"):
             parts = []
             for item in value.items:
-                sub = blake3.blake3()
+                sub: list[bytes] = []
                 _emit(item, sub, {})
-                parts.append(sub.digest())
-            for p in sorted(parts):
-                h.update(p)
+                parts.append(blake3.blake3(b"".join(sub)).digest())
+            out.extend(sorted(parts))
         else:
             for item in value.items:
-                _emit(item, h, seen)
-        h.update(b")")
+                _emit(item, out, seen)
+        out.append(b")")
     elif isinstance(value, tuple):
-        h.update(b"T(")
+        out.append(b"T(")
         for item in value:
-            _emit(item, h, seen)
-        h.update(b")")
+            _emit(item, out, seen)
+        out.append(b")")
     elif isinstance(value, str):
         b = value.encode("utf-8", "surrogatepass")
-        h.update(b"S%d:" % len(b) + b)
+        out.append(b"S%d:" % len(b))
+        out.append(b)
     elif isinstance(value, bytes | bytearray):
-        h.update(b"B%d:" % len(value) + bytes(value))
+        out.append(b"B%d:" % len(value))
+        out.append(bytes(value))
     else:
-        h.update(type(value).__name__.encode() + b":" + repr(value).encode() + b";")
+        out.append(type(value).__name__.encode() + b":" + repr(value).encode() + b";")
