@@ -90,11 +90,12 @@ def _cache_dir() -> Path | None:
 @functools.lru_cache(maxsize=1)
 def _transformer_hash() -> str:
     # The cache must not outlive a change of the transform itself, even without a version bump:
-    # the normaliser, the expression rules it follows and the checks and guards it inserts.
-    from sojourn.execution import checks, expressions
+    # the normaliser, the layout it records, the expression rules it follows and the checks and
+    # guards it inserts.
+    from sojourn.execution import checks, expressions, layout
 
     h = hashlib.sha256()
-    for mod in (T, expressions, checks):
+    for mod in (T, layout, expressions, checks):
         h.update(Path(mod.__file__ or "").read_bytes())
     return h.hexdigest()[:16]
 

@@ -18,7 +18,8 @@ source) into a normal form that computes the same thing:
 Every statement of the normal form gets a statement id (``sid``): its index in a
 deterministic walk of the normalized tree. Ids come from the source, never from bytecode, so
 a position saved under one Python version means the same statement under another; a digest of
-the layout is kept with each capsule to refuse a resume if the trees ever differ.
+the layout is kept with each capsule to refuse a resume if the trees ever differ. The ids,
+scopes and wait sites are recorded in a :class:`~sojourn.execution.layout.Layout`.
 
 Pause checks (``if __sojourn_flag__ is not None: __sojourn_pause__(sid)``) read a module
 global, the cheapest flag CPython offers (``is not None`` compiles to one conditional jump on
@@ -42,7 +43,6 @@ from __future__ import annotations
 import ast
 import copy
 import hashlib
-from dataclasses import dataclass, field
 from typing import Any
 
 from sojourn.execution.expressions import (
@@ -58,6 +58,7 @@ from sojourn.execution.expressions import (
     static_callee,
     suspends,
 )
+from sojourn.execution.layout import Layout, Path, Scope, Site, Span, Stmt
 
 TRANSFORM_VERSION = 2
 
@@ -78,98 +79,9 @@ OOMTYPES = "__sojourn_oomtypes__"
 # mangling in methods).
 TEMP = "_sj_"
 
-Span = tuple[int, int, int, int]
-Path = tuple[tuple[str, int], ...]
-
 
 class TransformError(SyntaxError):
     """The source cannot be put in normal form (it is not valid Python for this version)."""
-
-
-@dataclass(frozen=True)
-class Scope:
-    """A function of the source that runs in normal form (or an async one that does not)."""
-
-    key: str  # "qualname@firstline": unique in one source, stable across Python versions
-    qualname: str
-    kind: str  # "module", "function", "generator" or "async"
-    mangle: str | None  # the enclosing class name, for private-name mangling
-    firstline: int
-
-
-@dataclass(frozen=True)
-class Stmt:
-    scope: str
-    path: Path
-    line: int
-    kind: str
-
-
-@dataclass(frozen=True)
-class Site:
-    """A place where a frame can wait for a callee: a statement-level call, a ``for`` fetching
-    its next item, or a statement-level ``yield``."""
-
-    sid: int
-    kind: str  # "call", "foriter", "yield", "yieldfrom"
-    func: tuple[tuple[str, str], ...] | None = None  # static callee: (("n", "self"), ("a", "step"))
-    itvar: str | None = None  # the local holding the iterator (for, yield from)
-    arg0: tuple[tuple[str, str], ...] | None = None  # static first argument (next(g))
-
-
-@dataclass
-class Layout:
-    """Everything the runtime needs to know about one transformed source."""
-
-    module: str
-    filename: str
-    sha256: str
-    scopes: dict[str, Scope] = field(default_factory=dict)
-    stmts: list[Stmt] = field(default_factory=list)
-    sites: dict[tuple[str, Span], Site] = field(default_factory=dict)
-    ambiguous: set[tuple[str, Span]] = field(default_factory=set)
-    with_cms: dict[int, str] = field(default_factory=dict)  # sid of a With -> its manager local
-    classes: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # qualname -> (first, last line)
-    toplevel: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)  # (kind, names)
-    catching: set[int] = field(default_factory=set)  # sids of try statements that may catch an OOM error
-    digest: str = ""
-    index: dict[tuple[str, Path], int] = field(default_factory=dict, repr=False, compare=False)
-
-    def where(self, sid: int) -> str:
-        st = self.stmts[sid]
-        q = self.scopes[st.scope].qualname
-        return f"{self.filename}:{st.line} in {q}"
-
-    def in_loop(self, sid: int) -> bool:
-        """Whether ``sid`` lies in the body of a loop of its own scope."""
-        return any(self.stmts[a].kind in ("For", "While") for a in self.ancestors(sid))
-
-    def guarded(self, sid: int) -> bool:
-        """Whether a ``try`` of its scope whose handlers may catch an out-of-memory error
-        encloses ``sid`` in its body (the program then handles the error itself)."""
-        if not self.catching:
-            return False
-        self.ancestors(sid)  # builds the index
-        st = self.stmts[sid]
-        for k in range(1, len(st.path)):
-            a = self.index.get((st.scope, st.path[:k]))
-            if a is not None and a in self.catching and st.path[k][0] == "body":
-                return True
-        return False
-
-    def ancestors(self, sid: int) -> list[int]:
-        """Statements that enclose ``sid`` in its scope, outermost first."""
-        if not self.index:
-            self.index.update({(st.scope, st.path): i for i, st in enumerate(self.stmts)})
-        st = self.stmts[sid]
-        out = []
-        for k in range(1, len(st.path)):
-            if st.path[k - 1][0] in ("handlers", "cases"):
-                continue
-            a = self.index.get((st.scope, st.path[:k]))
-            if a is not None:
-                out.append(a)
-        return out
 
 
 def source_hash(source: str) -> str:

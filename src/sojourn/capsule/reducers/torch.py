@@ -1,4 +1,4 @@
-"""torch: tensors by storage (bytes out of band), devices in a side table, models, optimizers.
+"""torch: storages (bytes out of band) and devices (in a side table); the family's front.
 
 torch's own pickling copies every storage into the stream and writes devices into it. Here:
 
@@ -21,18 +21,10 @@ torch's own pickling copies every storage into the stream and writes devices int
   namespace's variables and the objects pickled before the tensor; it is rebuilt with
   ``torch.from_numpy`` over the restored array. Otherwise it comes back owning a copy.
   (``t.numpy()`` arrays are numpy's side: they come back as arrays of their own.)
-* **Supported**: every dtype (bytes are copied as bytes), strided and non-contiguous tensors,
-  conj/neg views, ``requires_grad``, ``.grad``, tensor hooks and ``__dict__``, subclasses
-  (``nn.Parameter`` keeps its type; user subclasses via ``_make_subclass``), sparse COO and
-  compressed layouts, per-tensor/per-channel quantized tensors, meta tensors (no bytes),
-  ``torch.Generator`` (the stream continues), ``torch.device``.
-* **Refused, with the reason**: tensors with a ``grad_fn`` (they would silently become
-  leaves), nested and mkldnn tensors, ``__torch_dispatch__`` wrapper subclasses (FakeTensor,
-  DTensor, functorch wrappers), lazy modules' uninitialized parameters, storage-less devices.
-* Not restored: autograd view links (``._base``; storage sharing is kept), inference-mode
-  flags, and the wrapper an LR scheduler puts on ``optimizer.step`` only to warn about call
-  order. Optimizer hooks travel (torch's ``__getstate__`` drops them), and restored hook
-  ids move ``RemovableHandle.next_id`` past them, so a new hook cannot replace an old one.
+
+Tensors over these storages are in :mod:`sojourn.capsule.reducers.torch_tensors`;
+``torch.device``, generators, modules and optimizers in
+:mod:`sojourn.capsule.reducers.torch_objects`. Importing this module registers all three.
 
 Nothing here imports torch at import time: reducers run only on torch objects (so torch is
 in ``sys.modules``); reconstructors and the allocator import it.
@@ -40,17 +32,13 @@ in ``sys.modules``); reconstructors and the allocator import it.
 
 from __future__ import annotations
 
-import contextlib
-import copyreg
 import ctypes
 import sys
-import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from sojourn.capsule.context import current, current_or_none
-from sojourn.capsule.pickler import PROTOCOL
 from sojourn.capsule.registry import register, register_allocator
 from sojourn.errors import RestoreError
 
@@ -336,294 +324,33 @@ def _make_typed_storage(storage: Any, dtype: str) -> Any:
     return torch.TypedStorage(wrap_storage=storage, dtype=getattr(torch, dtype), _internal=True)
 
 
-# -- tensors ----------------------------------------------------------------------------------
+# The tensor, device, generator, module and optimizer reducers import the helpers above.
+from sojourn.capsule.reducers.torch_objects import (  # noqa: E402
+    _default_generator,
+    _make_device,
+    _make_generator,
+    _setstate_with_hooks,
+)
+from sojourn.capsule.reducers.torch_tensors import (  # noqa: E402
+    _make_sparse_compressed,
+    _make_sparse_coo,
+    _make_tensor,
+    _tensor_setstate,
+)
 
-_COMPRESSED = ("sparse_csr", "sparse_csc", "sparse_bsr", "sparse_bsc")
-
-
-def _refusal(t: Any, torch: Any) -> str | None:
-    cls = type(t)
-    if getattr(cls, "__torch_dispatch__", None) is not torch.Tensor.__torch_dispatch__:
-        return (
-            f"{cls.__qualname__} is a tensor subclass with its own __torch_dispatch__ (a wrapper "
-            "such as FakeTensor, DTensor or FunctionalTensor holds no storage of its own); "
-            "convert it to a plain tensor before capture"
-        )
-    if isinstance(t, torch.nn.parameter.UninitializedTensorMixin):
-        return (
-            "it is an uninitialized parameter of a lazy module (LazyLinear, ...); run one "
-            "forward pass so that it gets its shape, then capture"
-        )
-    functorch = getattr(torch._C, "_functorch", None)
-    if functorch is not None and functorch.is_functorch_wrapped_tensor(t):
-        return "it is a tensor inside a vmap/grad transform; capture outside the transform"
-    if t.grad_fn is not None:
-        return (
-            f"it is part of an autograd graph (grad_fn={type(t.grad_fn).__name__}) and would "
-            "silently come back as a leaf cut off from that graph; capture t.detach() instead, "
-            "or capture after backward() when the graph is no longer needed"
-        )
-    if t.is_nested:
-        return "nested tensors are not supported; capture t.unbind() (a tuple of tensors) instead"
-    layout = str(t.layout).removeprefix("torch.")
-    if layout not in ("strided", "sparse_coo", *_COMPRESSED):
-        return f"tensors with layout {layout} are not supported; capture t.to_dense() instead"
-    if layout != "strided" and cls is not torch.Tensor:
-        return f"sparse tensor subclasses ({cls.__qualname__}) are not supported"
-    if layout == "strided" and t.device.type not in ("cpu", "meta") and not torch._C._has_storage(t):
-        return f"tensors on {t.device} have no storage that can be read; move it with t.cpu() first"
-    if t.is_quantized and _dtype_name(t.qscheme()) not in _QSCHEMES:
-        return f"quantized tensors with scheme {t.qscheme()} are not supported; capture t.dequantize()"
-    return None
-
-
-_QSCHEMES = ("per_tensor_affine", "per_channel_affine", "per_channel_affine_float_qparams")
-
-
-def _extra(t: Any, torch: Any) -> dict[str, Any] | None:
-    # conj/neg bits: lazily conjugated or negated views share their base's memory.
-    extra: dict[str, Any] = dict(torch._C._get_tensor_metadata(t))
-    if t.is_quantized:
-        scheme = _dtype_name(t.qscheme())
-        if scheme == "per_tensor_affine":
-            extra["q"] = (scheme, t.q_scale(), t.q_zero_point())
-        else:
-            extra["q"] = (scheme, t.q_per_channel_scales(), t.q_per_channel_zero_points(), t.q_per_channel_axis())
-    return extra or None
-
-
-def _tensor_state(t: Any, cls: Any, torch: Any) -> dict[str, Any] | None:
-    state: dict[str, Any] = {}
-    if t.grad is not None:
-        state["grad"] = t.grad
-    if t._backward_hooks:
-        state["hooks"] = t._backward_hooks
-    post = getattr(t, "_post_accumulate_grad_hooks", None)
-    if post:
-        state["post_hooks"] = post
-    if t.__dict__:
-        state["dict"] = t.__dict__
-    if cls is not torch.Tensor:
-        slots = {n: getattr(t, n) for n in copyreg._slotnames(cls) if hasattr(t, n)}  # type: ignore[attr-defined]
-        if slots:
-            state["slots"] = slots
-    return state or None
-
-
-@register("torch.Tensor", subclasses=True)
-def _tensor_reduce(t: Any, pickler: Any) -> Any:
-    torch = sys.modules["torch"]
-    pickler.note_module("torch")
-    reason = _refusal(t, torch)
-    if reason is not None:
-        return pickler.problem(t, reason)
-    cls = type(t)
-    sub = None if cls is torch.Tensor else cls
-    layout = str(t.layout).removeprefix("torch.")
-    if layout == "strided":
-        storage = _handle(pickler, t.untyped_storage())
-        args: tuple[Any, ...] = (
-            storage, _dtype_name(t.dtype), t.storage_offset(), tuple(t.shape), t.stride(),
-            t.requires_grad, sub, _extra(t, torch),
-        )
-        rv: tuple[Any, ...] = (_make_tensor, args)
-    elif layout == "sparse_coo":
-        coo = (t._indices().detach(), t._values().detach(), tuple(t.shape), t.is_coalesced(), t.requires_grad)
-        rv = (_make_sparse_coo, coo)
-    else:
-        if layout in ("sparse_csr", "sparse_bsr"):
-            compressed, plain = t.crow_indices(), t.col_indices()
-        else:
-            compressed, plain = t.ccol_indices(), t.row_indices()
-        parts = (compressed.detach(), plain.detach(), t.values().detach())
-        rv = (_make_sparse_compressed, (layout, *parts, tuple(t.shape), t.requires_grad))
-    state = _tensor_state(t, cls, torch)
-    if state is None:
-        return rv
-    return (*rv, state, None, None, _tensor_setstate)
-
-
-def _make_tensor(
-    storage: Any,
-    dtype: str,
-    offset: int,
-    size: tuple[int, ...],
-    stride: tuple[int, ...],
-    requires_grad: bool,
-    cls: Any,
-    extra: dict[str, Any] | None,
-) -> Any:
-    torch = _torch()
-    dt = getattr(torch, dtype)
-    extra = extra or {}
-    q = extra.get("q")
-    if q is None:
-        t = torch.empty(0, dtype=dt, device=storage.device)
-    else:
-        with _quiet():  # torch's deprecation warning was shown when the user made it
-            if q[0] == "per_tensor_affine":
-                t = torch._empty_affine_quantized([0], scale=q[1], zero_point=q[2], dtype=dt, device=storage.device)
-            else:
-                t = torch._empty_per_channel_affine_quantized(
-                    [0], scales=q[1], zero_points=q[2], axis=q[3], dtype=dt, device=storage.device
-                )
-    t.set_(storage, offset, size, stride)
-    bits = {k: v for k, v in extra.items() if k != "q"}
-    if bits:
-        torch._C._set_tensor_metadata(t, bits)
-    if cls is not None:
-        return torch.Tensor._make_subclass(cls, t, requires_grad)
-    return t.requires_grad_(requires_grad) if requires_grad else t
-
-
-def _make_sparse_coo(indices: Any, values: Any, size: tuple[int, ...], coalesced: bool, requires_grad: bool) -> Any:
-    t = _torch().sparse_coo_tensor(indices, values, size, is_coalesced=coalesced, check_invariants=False)
-    return t.requires_grad_(requires_grad) if requires_grad else t
-
-
-def _make_sparse_compressed(
-    layout: str, compressed: Any, plain: Any, values: Any, size: tuple[int, ...], requires_grad: bool
-) -> Any:
-    torch = _torch()
-    with _quiet():  # "sparse CSR support is in beta": shown when the user made it
-        t = torch.sparse_compressed_tensor(
-            compressed, plain, values, size, layout=getattr(torch, layout), check_invariants=False
-        )
-    return t.requires_grad_(requires_grad) if requires_grad else t
-
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        yield
-
-
-def _tensor_setstate(t: Any, state: dict[str, Any]) -> None:
-    if "grad" in state:
-        t.grad = state["grad"]
-    if "hooks" in state:
-        t._backward_hooks = state["hooks"]
-        _bump_hook_ids([state["hooks"]])
-    if "post_hooks" in state:
-        t._post_accumulate_grad_hooks = state["post_hooks"]
-        _bump_hook_ids([state["post_hooks"]])
-    if "dict" in state:
-        t.__dict__.update(state["dict"])
-    for name, value in state.get("slots", {}).items():
-        setattr(t, name, value)
-
-
-# -- torch.device and torch.Generator ----------------------------------------------------------
-
-
-@register("torch.device")
-def _device_reduce(dev: Any, pickler: Any) -> Any:
-    pickler.note_module("torch")
-    return (_make_device, (_object_slot(pickler, dev, str(dev)),))
-
-
-def _make_device(slot: int) -> Any:
-    dev = _torch().device(_target(slot))
-    _remember(dev, slot)
-    return dev
-
-
-def _default_generators(torch: Any) -> list[tuple[str, Any]]:
-    found = [("cpu", torch.default_generator)]
-    cuda = sys.modules.get("torch.cuda")
-    if cuda is not None and cuda.is_initialized():
-        found += [(f"cuda:{i}", g) for i, g in enumerate(cuda.default_generators)]
-    return found
-
-
-@register("torch._C.Generator")
-def _generator_reduce(g: Any, pickler: Any) -> Any:
-    torch = sys.modules["torch"]
-    pickler.note_module("torch")
-    st = _state(pickler)
-    if st.restore is not None and id(g) in st.restore.canonical:
-        return st.restore.canonical[id(g)]
-    for device, default in _default_generators(torch):
-        if g is default:
-            # Its state is process state: the capsule's process segment carries it.
-            return (_default_generator, (_object_slot(pickler, g, device),))
-    state = g.get_state()
-    raw = ctypes.string_at(state.data_ptr(), state.numel())
-    return (_make_generator, (_object_slot(pickler, g, str(g.device)), raw, g.initial_seed()))
-
-
-def _default_generator(slot: int) -> Any:
-    torch = _torch()
-    dev = torch.device(_target(slot))
-    if dev.type == "cuda":
-        torch.cuda.init()  # default_generators is empty until CUDA is initialised
-        g = torch.cuda.default_generators[dev.index or 0]
-    else:
-        g = torch.default_generator
-    _remember(g, slot)
-    return g
-
-
-def _make_generator(slot: int, state: bytes, seed: int) -> Any:
-    torch = _torch()
-    rctx = current()
-    target = torch.device(_target(slot))
-    g = torch.Generator(device=target)
-    if target.type == torch.device(rctx.devices[slot]).type:
-        g.set_state(torch.frombuffer(bytearray(state), dtype=torch.uint8))
-    else:
-        # CPU and GPU generators are different algorithms: the stream cannot continue.
-        g.manual_seed(seed)
-        rctx.warnings.append(
-            f"a torch.Generator from {rctx.devices[slot]} now lives on {target}; another kind "
-            f"of device draws other numbers, so it was re-seeded with its initial seed {seed}"
-        )
-        st = _restore_state()
-        assert st is not None
-        st.canonical[id(g)] = (_make_generator, (slot, state, seed))
-    _remember(g, slot)
-    return g
-
-
-# -- modules and optimizers: their own pickling, plus hooks and hook ids ------------------------
-
-
-def _bump_hook_ids(dicts: Iterable[Any]) -> None:
-    # RemovableHandle ids restart at 0 in a new process: a hook registered after restore
-    # would take a restored hook's id and silently replace it in the same dict.
-    top = max((k for d in dicts for k in d if isinstance(k, int)), default=-1)
-    if top >= 0:
-        from torch.utils.hooks import RemovableHandle
-
-        RemovableHandle.next_id = max(RemovableHandle.next_id, top + 1)
-
-
-def _setstate_with_hooks(obj: Any, state: dict[str, Any]) -> None:
-    obj.__setstate__(state)
-    _bump_hook_ids(v for k, v in state.items() if k.endswith("hooks") and isinstance(v, dict))
-
-
-@register("torch.nn.modules.module.Module", "torch.optim.optimizer.Optimizer", subclasses=True)
-def _hooked_reduce(obj: Any, pickler: Any) -> Any:
-    pickler.note_module(type(obj).__module__)
-    try:
-        rv = obj.__reduce_ex__(PROTOCOL)
-    except Exception as e:
-        return pickler.problem(obj, f"its own pickling fails: {str(e) or type(e).__name__}")
-    if not (isinstance(rv, tuple) and len(rv) in (3, 4, 5) and isinstance(rv[2], dict)):
-        return rv
-    if not hasattr(obj, "__setstate__"):
-        return rv
-    # Keys as the instance dict holds them: __setstate__ stores the stream's strings there,
-    # so a restored object pickles again with the very string objects it was rebuilt from
-    # (a fresh literal key would break the stream's sharing of that string; see pickler.py).
-    keys = {k: k for k in vars(obj)}
-    state = {keys.get(k, k): v for k, v in rv[2].items()}
-    torch = sys.modules["torch"]
-    if isinstance(obj, torch.optim.Optimizer):
-        # Optimizer.__getstate__ keeps only defaults, state and param_groups.
-        hooks = {k: v for k, v in vars(obj).items() if k.startswith("_optimizer_") and k.endswith("hooks") and v}
-        state = {**state, **hooks}
-    rest = (*rv[3:], None, None)[:2]
-    return (rv[0], rv[1], state, *rest, _setstate_with_hooks)
+# A capsule names each reconstructor by module and qualname, and a restore pickles what it
+# rebuilt again and compares the bytes with the capture's: the reconstructors that moved to
+# those modules keep the name they had here, so capsules written before the move restore
+# (and pass that check) as before.
+for _fn in (
+    _make_tensor,
+    _make_sparse_coo,
+    _make_sparse_compressed,
+    _tensor_setstate,
+    _make_device,
+    _default_generator,
+    _make_generator,
+    _setstate_with_hooks,
+):
+    _fn.__module__ = __name__
+del _fn
