@@ -2,10 +2,30 @@
 autosave (fork), an in-kernel capture (the alternative), dill's dump_session/load_session;
 restore into a fresh process; a move between local machines; re-running all cells.
 
-    .venv/bin/python bench/bench_notebook.py [--gib 1.0] [--json OUT]
+    .venv/bin/python bench/bench_notebook.py [--gib 1.0] [--load N] [--json OUT]
+        [--skip-main] [--skip-dill] [--skip-heavy] [--skip-kishu]
 
 Everything runs on real sojourn kernels started by jupyter_client with the sojourn
 provisioner, in a temporary repository. Prints one side-by-side table from one run.
+
+How "re-running" and "restoring" are measured (the same way on both sides):
+
+* re-run: the notebook's cells run one after the other in a kernel that has started and
+  answered (the kernel's start is not counted); the clock runs from the first cell's request
+  to the last cell's reply, so it includes importing the notebook's libraries (its first cell);
+* restore: ``sojourn.restore`` in a fresh interpreter, the clock from the call (after
+  ``import sojourn``, 30 ms) to its return: reading and checking the chunks, unpickling,
+  the fingerprint check, and importing the same libraries (the unpickler imports them).
+  Neither side counts an interpreter's or a kernel's start;
+* "resumed kernel" is a fresh sojourn kernel with ``SOJOURN_RESUME``, from its start to its
+  first cell's reply: it counts a kernel start that the re-run side does not;
+* the import split: a second fresh interpreter imports the top-level modules that the
+  restore imported (timed), then restores (timed). That import time is the floor of any
+  restore in a fresh process and is part of the re-run too: the last columns subtract it
+  from both sides.
+
+``--load N`` runs N busy loops (``while 1: pass``) during the move, to see it on a loaded
+machine; the load average is printed with it.
 """
 
 from __future__ import annotations
@@ -112,8 +132,8 @@ def bench_rerun(n: int) -> float:
         k.close()
 
 
-def bench_sojourn(n: int) -> dict[str, Any]:
-    k = Kernel({"SOJOURN_AUTOSAVE": "1"})
+def bench_sojourn(n: int, load: int = 0, move_env: dict[str, str] | None = None) -> dict[str, Any]:
+    k = Kernel({"SOJOURN_AUTOSAVE": "1", **(move_env or {})})
     res: dict[str, Any] = {}
     try:
         k.run(SETUP.format(n=n))
@@ -139,12 +159,22 @@ def bench_sojourn(n: int) -> dict[str, Any]:
         res["last_capsule"] = k.value(f"{CTL}.autosave.head")
         # move: from the command to the next cell's end
         pid0 = getattr(k.km.provisioner, "pid", None)
-        t0 = time.perf_counter()
-        _, text = k.run("%sojourn move --to local")
-        t_move = time.perf_counter() - t0
-        _, after = k.run("print(counter, view.base is arrays[1], type(h) is Holder, float(arrays[2][0] - arrays[2][-1]) > 0)")
-        res["move"] = {"move_s": t_move, "next_cell_done_s": time.perf_counter() - t0, "text": text.strip(),
-                       "pid": [pid0, getattr(k.km.provisioner, "pid", None)], "after": after.strip()}
+        hogs = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(load)]
+        try:
+            if hogs:
+                time.sleep(1.0)
+            loadavg = os.getloadavg()
+            t0 = time.perf_counter()
+            _, text = k.run("%sojourn move --to local")
+            t_move = time.perf_counter() - t0
+            _, after = k.run("print(counter, view.base is arrays[1], type(h) is Holder, float(arrays[2][0] - arrays[2][-1]) > 0)")
+            t_next = time.perf_counter() - t0
+        finally:
+            for hog in hogs:
+                hog.kill()
+                hog.wait()
+        res["move"] = {"move_s": t_move, "next_cell_done_s": t_next, "text": text.strip(), "busy_loops": load,
+                       "loadavg": loadavg, "pid": [pid0, getattr(k.km.provisioner, "pid", None)], "after": after.strip()}
     finally:
         k.close()
     return res
@@ -241,9 +271,10 @@ def bench_rerun_vs_restore(cells: list[str]) -> dict[str, Any]:
     process restores it (``sojourn.restore``)."""
     k = Kernel({})
     try:
+        per_cell = []
         t0 = time.perf_counter()
         for c in cells:
-            k.run(c)
+            per_cell.append(k.run(c)[0])
         rerun = time.perf_counter() - t0
         _, said = k.run("%sojourn checkpoint")
         cap = k.value(f"{CTL}.autosave.head")
@@ -258,9 +289,48 @@ def bench_rerun_vs_restore(cells: list[str]) -> dict[str, Any]:
         resume = time.perf_counter() - t0
     finally:
         k.close()
-    code = f"import sojourn, time; t=time.perf_counter(); sojourn.restore({cap!r}, {os.environ['SOJOURN_REPO']!r}, into={{}}); print(time.perf_counter()-t)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    return {"rerun_s": rerun, "resume_kernel_s": resume, "restore_s": float(out.stdout.split()[-1])}
+    repo = os.environ["SOJOURN_REPO"]
+    cold = _run_json(COLD_RESTORE, cap, repo)
+    split = _run_json(SPLIT_RESTORE, cap, repo, ",".join(cold["imported"]))
+    return {"rerun_s": rerun, "rerun_cells_s": per_cell, "resume_kernel_s": resume, "restore_s": cold["seconds"],
+            "restore_timings": cold["timings"], "imported": cold["imported"], "import_s": split["import_s"],
+            "restore_after_import_s": split["restore_s"], "split_timings": split["timings"]}
+
+
+# A cold restore, and the top-level modules it imported (the notebook's libraries).
+COLD_RESTORE = """
+import json, sys, time
+import sojourn
+before = set(sys.modules)
+t = time.perf_counter()
+r = sojourn.restore(sys.argv[1], sys.argv[2], into={})
+t = time.perf_counter() - t
+new = sorted({m.split(".")[0] for m in set(sys.modules) - before} - {m.split(".")[0] for m in before})
+print(json.dumps({"seconds": t, "timings": r.timings, "imported": [m for m in new if not m.startswith("_")]}))
+"""
+# The same restore with those modules imported first: the import is the floor of a restore
+# into a fresh process, the rest is sojourn's own work.
+SPLIT_RESTORE = """
+import importlib, json, sys, time
+import sojourn
+t = time.perf_counter()
+for name in filter(None, sys.argv[3].split(",")):
+    try:
+        importlib.import_module(name)
+    except Exception:
+        pass
+t_imp = time.perf_counter() - t
+t = time.perf_counter()
+r = sojourn.restore(sys.argv[1], sys.argv[2], into={})
+print(json.dumps({"import_s": t_imp, "restore_s": time.perf_counter() - t, "timings": r.timings}))
+"""
+
+
+def _run_json(code: str, *args: str) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"the restore process failed: {out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 PEERS = Path(__file__).resolve().parents[1] / ".venv-peers"
@@ -375,16 +445,26 @@ def main() -> None:
     ap.add_argument("--skip-dill", action="store_true")
     ap.add_argument("--skip-heavy", action="store_true", help="skip re-run vs restore on computing notebooks")
     ap.add_argument("--skip-kishu", action="store_true")
+    ap.add_argument("--skip-main", action="store_true", help="only the re-run vs restore notebooks (and Kishu)")
+    ap.add_argument("--load", type=int, default=0, help="busy loops running during the move (a loaded machine)")
+    ap.add_argument("--no-prefetch", action="store_true", help="the move's destination reads the whole capsule "
+                    "after the capture (SOJOURN_MOVE_PREFETCH=0), as before the prefetch")
+    ap.add_argument("--hugepages", action="store_true", help="restored arrays get numpy's huge-page advice "
+                    "(SOJOURN_RESTORE_HUGEPAGES=1), as before")
     args = ap.parse_args()
     n = int(args.gib * 2**30 / 4 / 8)
     with tempfile.TemporaryDirectory(prefix="sojourn-bench-nb-") as t:
         tmp = Path(t)
         env = setup_env(tmp)
-        rerun = bench_rerun(n)
-        soj = bench_sojourn(n)
-        restore = bench_restore(soj["last_capsule"], env["SOJOURN_REPO"])
-        resume = bench_resume_kernel(soj["last_capsule"])
-        dill = None if args.skip_dill else bench_dill(n, tmp)
+        main_part: dict[str, Any] | None = None
+        if not args.skip_main:
+            rerun = bench_rerun(n)
+            move_env = {**({"SOJOURN_MOVE_PREFETCH": "0"} if args.no_prefetch else {}),
+                        **({"SOJOURN_RESTORE_HUGEPAGES": "1"} if args.hugepages else {})}
+            soj = bench_sojourn(n, args.load, move_env)
+            main_part = {"rerun": rerun, "sojourn": soj, "restore": bench_restore(soj["last_capsule"], env["SOJOURN_REPO"]),
+                         "resume": bench_resume_kernel(soj["last_capsule"]),
+                         "dill": None if args.skip_dill else bench_dill(n, tmp)}
         heavy: dict[str, Any] = {}
         if not args.skip_heavy:
             for name, cells in [*HEAVY.items(), (f"4 arrays ({args.gib:.2f} GiB), computing", heavy_arrays(n))]:
@@ -399,6 +479,21 @@ def main() -> None:
                 kishu = bench_kishu(n, tmp)
             except Exception as e:
                 kishu = f"failed: {type(e).__name__}: {e}"
+    if main_part is not None:
+        print_main(args, main_part)
+    if heavy:
+        print_heavy(heavy)
+    if isinstance(kishu, str):
+        print(f"\nKishu: {kishu}")
+    else:
+        print_kishu(kishu)
+    if args.json:
+        Path(args.json).write_text(json.dumps({**(main_part or {}), "heavy": heavy, "kishu": kishu}, indent=1,
+                                              default=str))
+
+
+def print_main(args: argparse.Namespace, part: dict[str, Any]) -> None:
+    soj, restore, resume, dill, rerun = part["sojourn"], part["restore"], part["resume"], part["dill"], part["rerun"]
     auto = soj["autosave"]
     first, cells = auto[0], auto[1:]
     scalar = [r for r, c in zip(cells, CELLS, strict=False) if "arrays" not in c]
@@ -433,38 +528,51 @@ def main() -> None:
     print("-+-".join("-" * wi for wi in w))
     for r in rows:
         print(" | ".join(c.ljust(wi) for c, wi in zip(r, w, strict=True)))
-    print(f"\nmove: {soj['move']['text']}\nafter the move: {soj['move']['after']}")
+    mv = soj["move"]
+    print(f"\nmove ({mv['busy_loops']} busy loops, load average {mv['loadavg'][0]:.1f} when it started): {mv['text']}"
+          f"\nafter the move: {mv['after']}")
     print("per-cell autosave:", [(r["cell"], round(r["blocking"] * 1000, 1), r["written"], round(r["seconds"], 2))
                                  for r in auto])
-    if heavy:
-        print("\nre-running the cells vs restoring (same run; resume = a fresh sojourn kernel from start to its "
-              "first cell's end)")
-        for name, r in heavy.items():
-            print(f"  {name:34s} re-run {r['rerun_s']:6.2f} s | restore {r['restore_s']:5.2f} s "
-                  f"({100 * (1 - r['restore_s'] / r['rerun_s']):3.0f}% below) | resumed kernel {r['resume_kernel_s']:5.2f} s "
-                  f"({100 * (1 - r['resume_kernel_s'] / r['rerun_s']):3.0f}% below)")
-    if isinstance(kishu, str):
-        print(f"\nKishu: {kishu}")
-    else:
-        ks = [c for c in kishu["cells"] if "arrays" not in c["cell"]]
-        kp = [c for c in kishu["cells"] if "arrays" in c["cell"]]
 
-        def kw(cs: list[dict[str, Any]]) -> str:
-            return "not measured" if any(c["written"] is None for c in cs) else mib(max(c["written"] for c in cs))
 
-        print(f"\nKishu 0.3.4 (same cells, same run): small-variable cell {statistics.median(c['seconds'] for c in ks) * 1000:.0f} ms"
-              f" wall, {kw(ks)} written; 1% array change "
-              f"{max(c['seconds'] for c in kp):.2f} s wall, {kw(kp)} written; "
-              f"checkout into a fresh kernel {kishu.get('checkout_s', float('nan')):.2f} s "
-              f"({kishu.get('checkout_text', '')!r})")
-        if "stored_bytes" in kishu:
-            print(f"  Kishu's store ({mib(kishu['db_bytes'])} sqlite file next to the notebook) holds "
-                  f"{mib(kishu['stored_bytes'])} of variable data; co-variables with a version it rates "
-                  f"unserializable (size inf: that version is not stored, its cells re-run at checkout): "
-                  f"{kishu['recomputed']}")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"sojourn": soj, "restore": restore, "resume": resume,
-                                               "dill": dill, "rerun": rerun, "heavy": heavy, "kishu": kishu}, indent=1, default=str))
+def print_heavy(heavy: dict[str, Any]) -> None:
+    def below(a: float, b: float) -> str:
+        return f"{100 * (1 - a / b):3.0f}% below"
+
+    print(f"\nre-running the cells vs restoring (same run, load average {os.getloadavg()[0]:.1f}; see the docstring "
+          "for what each clock counts)")
+    for name, r in heavy.items():
+        print(f"  {name:34s} re-run {r['rerun_s']:6.2f} s | restore {r['restore_s']:5.2f} s "
+              f"({below(r['restore_s'], r['rerun_s'])}) | resumed kernel {r['resume_kernel_s']:5.2f} s "
+              f"({below(r['resume_kernel_s'], r['rerun_s'])})")
+    print("\nwhere a restore's time goes: importing the notebook's libraries (a fresh interpreter, timed alone) "
+          "and sojourn's own part (read, unpickle, fingerprints)")
+    for name, r in heavy.items():
+        imp, own = r["import_s"], r["restore_after_import_s"]
+        parts = ", ".join(f"{k} {v:.2f}" for k, v in r["split_timings"].items() if k != "total")
+        libs = [m for m in r["imported"] if m not in sys.stdlib_module_names and m not in ("blake3", "zstandard")]
+        print(f"  {name:34s} import {imp:5.2f} s ({', '.join(libs)}, ...) + sojourn {own:5.2f} s ({parts}); "
+              f"best possible with that import: {below(imp, r['rerun_s'])}; both sides without it: "
+              f"re-run {r['rerun_s'] - imp:5.2f} s vs restore {own:5.2f} s ({below(own, r['rerun_s'] - imp)})")
+
+
+def print_kishu(kishu: dict[str, Any]) -> None:
+    ks = [c for c in kishu["cells"] if "arrays" not in c["cell"]]
+    kp = [c for c in kishu["cells"] if "arrays" in c["cell"]]
+
+    def kw(cs: list[dict[str, Any]]) -> str:
+        return "not measured" if any(c["written"] is None for c in cs) else mib(max(c["written"] for c in cs))
+
+    print(f"\nKishu 0.3.4 (same cells, same run): small-variable cell {statistics.median(c['seconds'] for c in ks) * 1000:.0f} ms"
+          f" wall, {kw(ks)} written; 1% array change "
+          f"{max(c['seconds'] for c in kp):.2f} s wall, {kw(kp)} written; "
+          f"checkout into a fresh kernel {kishu.get('checkout_s', float('nan')):.2f} s "
+          f"({kishu.get('checkout_text', '')!r})")
+    if "stored_bytes" in kishu:
+        print(f"  Kishu's store ({mib(kishu['db_bytes'])} sqlite file next to the notebook) holds "
+              f"{mib(kishu['stored_bytes'])} of variable data; co-variables with a version it rates "
+              f"unserializable (size inf: that version is not stored, its cells re-run at checkout): "
+              f"{kishu['recomputed']}")
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ from sojourn.capsule.fingerprint import (
     segment_fingerprint,
 )
 from sojourn.capsule.pickler import BufferOut, CapsulePickler, CaptureContext
+from sojourn.capsule.reducers.numpy import small_pages
 from sojourn.capsule.reducers.rng import apply_process_state
 from sojourn.capsule.registry import allocator
 from sojourn.errors import IntegrityError, ObjectNotFound, RestoreError
@@ -78,16 +79,17 @@ def read_all(repo: Repository, manifest: fmt.Manifest,
     pairs: list[tuple[BufferRecord, memoryview]] = []
     known: dict[tuple[int, int], list[str]] = {}
     held = reuse(manifest) if reuse is not None else [None] * len(manifest.buffers)
-    for buf, got in zip(manifest.buffers, held, strict=True):
-        if got is None:
-            obj, view = _allocate(buf)
-            pairs.append((buf.record, view))
-        else:
-            obj, view, pending = got
-            pairs.extend(pending)
-        objects.append(obj)
-        if len(view):
-            known[(_address(view), len(view))] = buf.record.chunks
+    with small_pages(any(b.kind == "ndarray" for b in manifest.buffers)):
+        for buf, got in zip(manifest.buffers, held, strict=True):
+            if got is None:
+                obj, view = _allocate(buf)
+                pairs.append((buf.record, view))
+            else:
+                obj, view, pending = got
+                pairs.extend(pending)
+            objects.append(obj)
+            if len(view):
+                known[(_address(view), len(view))] = buf.record.chunks
     try:
         stream = bytes(repo.chunks.get(manifest.stream))
         repo.chunks.get_many(pairs)

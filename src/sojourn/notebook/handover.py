@@ -32,6 +32,8 @@ from typing import Any
 from sojourn.notebook import control
 
 MOVE_TIMEOUT = float(os.environ.get("SOJOURN_MOVE_TIMEOUT", "900"))
+# 0: the destination reads the whole capsule after the capture (the benchmark's other side)
+PREFETCH = os.environ.get("SOJOURN_MOVE_PREFETCH", "1") != "0"
 
 
 class MoveFailed(RuntimeError):
@@ -174,7 +176,10 @@ def move(ctl: Any, machine: Any) -> str:
     ch = control.connect()
     try:
         ch.send({"op": "move", "machine": machine.name, "python": machine.python, "memory": machine.memory,
-                 "preload": installed_packages()})
+                 "preload": installed_packages(),
+                 # most of the move's chunks are the last autosave's: the destination reads those now
+                 "prefetch": {"capsule": ctl.autosave.head, "repo": ctl.repo.url}
+                 if ctl.autosave.head and PREFETCH else None})
         m, notes, capture_s = ctl.checkpoint("move")
         ch.send({"capsule": m.id, "repo": ctl.repo.url, "workspace": ctl.session.workspace,
                  "moved_from": ctl.session.allocation, "machine": machine.name})
@@ -224,6 +229,40 @@ def hand_over_and_exit(ch: control.Channel, kernel: Any, handoff: dict[str, Any]
 
 
 IOPUB_HOLD = float(os.environ.get("SOJOURN_IOPUB_HOLD", "60"))
+# ipykernel has no public hook for "a client subscribed" nor for holding IOPub messages: the
+# hold wraps two methods of its IOPub thread, as they are in ipykernel 7.4 (XPUB welcome,
+# JEP 65). iopub_hold_unsupported() checks them before a destination takes a move on.
+_HOLD_NEEDS = {"_really_send": ("self", "msg"), "_send_welcome_message": ("self", "subscription")}
+
+
+def iopub_hold_unsupported() -> str | None:
+    """Why this ipykernel's IOPub messages cannot be held until the client subscribes again,
+    or None when they can (or when the hold is turned off: ``SOJOURN_IOPUB_HOLD=0``)."""
+    if IOPUB_HOLD <= 0:
+        return None
+    import inspect
+
+    try:
+        import ipykernel
+        from ipykernel.iostream import IOPubThread
+    except Exception as e:
+        return f"ipykernel cannot be imported here ({type(e).__name__}: {e})"
+    version = getattr(ipykernel, "__version__", "?")
+    wrong = []
+    for name, params in _HOLD_NEEDS.items():
+        fn = getattr(IOPubThread, name, None)
+        try:
+            got = tuple(inspect.signature(fn).parameters)[:len(params)] if callable(fn) else ()
+        except (TypeError, ValueError):
+            got = ()
+        if got != params:
+            wrong.append(f"IOPubThread.{name}({', '.join(params[1:])})")
+    if not wrong:
+        return None
+    return (f"the destination's ipykernel {version} has no {' or '.join(wrong)} (ipykernel 7.4 has both): "
+            "sojourn cannot hold the kernel's output until the notebook subscribes again, so output of "
+            "cells run right after the move could be lost. Use an ipykernel like the source's on the "
+            "destination, or set SOJOURN_IOPUB_HOLD=0 in the kernel's environment to move without the hold")
 
 
 def watch_subscriptions(app: Any) -> threading.Event:
@@ -241,8 +280,10 @@ def watch_subscriptions(app: Any) -> threading.Event:
     iot: Any = getattr(app, "iopub_thread", None)
     send = getattr(iot, "_really_send", None)
     welcome = getattr(iot, "_send_welcome_message", None)
-    if iot is None or send is None or welcome is None:
-        seen.set()  # an ipykernel without the XPUB welcome: no way to tell, nothing is held
+    if IOPUB_HOLD <= 0 or iot is None or send is None or welcome is None:
+        # turned off, or (the launcher checked iopub_hold_unsupported() before the move's
+        # point of no return) a stand-in's kernel without one: nothing is held
+        seen.set()
         return seen
     held: list[tuple[Any, Any, Any]] = []
 
@@ -327,6 +368,9 @@ async def deliver(app: Any, handoff: dict[str, Any], info: dict[str, Any],
             f"({handoff['size'] / 2**20:.1f} MiB, {handoff['bytes_written'] / 2**20:.1f} MiB written), "
             f"capture {handoff['capture_s']:.2f} s, restore {info.get('restore_s', 0):.2f} s "
             f"({info.get('restore_parts', '')})\n")
+    steps = [*info.get("timeline", []), ("answered", time.time())]
+    text += ("timeline after the command: source captured " + f"{handoff['capture_s']:.2f} s; destination "
+             + ", ".join(f"{name} {t - float(handoff['t0']):+.2f}" for name, t in steps) + "\n")
     text += "".join(f"note: {n}\n" for n in [*handoff.get("notes", []), *info.get("notes", [])])
     kernel.session.send(kernel.iopub_socket, "stream", {"name": "stdout", "text": text}, parent,
                         ident=kernel._topic("stream"))

@@ -3,10 +3,11 @@
 An ipykernel with three differences:
 
 * as a move's destination (``$SOJOURN_HANDOFF``, set by the provisioner) it says hello on
-  the control channel, imports ipykernel while the source is still capturing, restores the
-  capsule it is sent (fingerprints checked), says "ready", and binds the kernel's ports only
-  on "go", after the source released them. A restore that fails is reported and this
-  process exits: the source keeps running;
+  the control channel, imports ipykernel and reads the kernel's previous capsule
+  (``prefetch.py``) while the source is still capturing, restores the capsule it is sent
+  (fingerprints checked), says "ready", and binds the kernel's ports only on "go", after the
+  source released them. A restore that fails, or an ipykernel whose IOPub cannot be held,
+  is reported and this process exits: the source keeps running;
 * with ``$SOJOURN_RESUME`` (a workspace or capsule) it starts from that workspace's last
   capsule: a notebook opened again, a fork opened in its own kernel;
 * the sojourn extension is loaded, so the kernel is a workspace from its first cell.
@@ -34,15 +35,22 @@ def _limit_memory() -> None:
     resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
 
 
-def _restore(plan: dict[str, Any]) -> tuple[dict[str, Any], Any, list[str], float, str]:
-    from sojourn import ops
+def _restore(plan: dict[str, Any], prefetch: Any = None) -> tuple[dict[str, Any], Any, list[str], float, str]:
+    from sojourn.capsule.restore import restore_capsule
     from sojourn.notebook.state import IPythonState
+    from sojourn.repository.repo import open_repository
 
+    # A move takes what the prefetch already read and checked (called once, before the
+    # restore allocates anything else).
+    reuse = prefetch.reuse if prefetch is not None else None
     t0 = time.perf_counter()
     ns: dict[str, Any] = {}
-    restored = ops.restore(plan["capsule"], plan["repo"], into=ns)
+    with open_repository(plan["repo"]) as r:
+        restored = restore_capsule(r, plan["capsule"], into=ns, reuse=reuse)
     st = IPythonState.from_process(restored.process)
     parts = ", ".join(f"{k} {v:.2f}" for k, v in restored.timings.items() if k != "total")
+    if prefetch is not None:
+        parts += f"; {prefetch.summary()}"
     return ns, st, list(restored.notes), time.perf_counter() - t0, parts
 
 
@@ -55,12 +63,22 @@ def main() -> None:
     plan: dict[str, Any] | None = None
     ch = None
     handoff: dict[str, Any] | None = None
-    info: dict[str, Any] = {"machine": os.environ.get("SOJOURN_MACHINE", "local"), "notes": []}
+    info: dict[str, Any] = {"machine": os.environ.get("SOJOURN_MACHINE", "local"), "notes": [],
+                            "timeline": [("started", time.time())]}
+    spawned = os.environ.pop("SOJOURN_SPAWNED", None)
+    if spawned:  # set by the provisioner: the interpreter's own start-up shows in the timeline
+        info["timeline"].insert(0, ("spawned", float(spawned)))
+    prefetch = None
     ns: dict[str, Any] | None = None
     st = None
     if token:
         ch = control.connect()
         ch.send({"op": "hello", "token": token, "pid": os.getpid()})
+        from sojourn.notebook.prefetch import ENV, Prefetch
+
+        prefetch = Prefetch.from_env(os.environ.pop(ENV, None))
+        if prefetch is not None:  # reads in its thread while this one imports
+            prefetch.start()
         import ipykernel.kernelapp  # noqa: F401  (while the source captures)
 
         from sojourn.capsule import restore  # noqa: F401
@@ -68,9 +86,17 @@ def main() -> None:
 
         preload([n for n in os.environ.pop("SOJOURN_PRELOAD", "").split(",") if n])
 
+        info["timeline"].append(("imported", time.time()))
         plan = ch.recv(timeout=None).get("restore")
         if plan is None:
             sys.exit(0)
+        from sojourn.notebook.handover import iopub_hold_unsupported
+
+        why = iopub_hold_unsupported()
+        if why is not None:  # said now, while the source still runs: the move is called off
+            ch.send({"op": "failed", "error": why})
+            sys.exit(3)
+        info["timeline"].append(("capsule", time.time()))
     elif resume:
         from sojourn.ops import notebook as nb
 
@@ -90,7 +116,8 @@ def main() -> None:
             info["notes"].append(f"could not resume {resume}: {e}; the kernel starts empty")
     if plan is not None:
         try:
-            ns, st, notes, info["restore_s"], info["restore_parts"] = _restore(plan)
+            ns, st, notes, info["restore_s"], info["restore_parts"] = _restore(plan, prefetch)
+            info["timeline"].append(("restored", time.time()))
             info["notes"] += notes
         except Exception as e:
             if ch is not None:
@@ -104,6 +131,7 @@ def main() -> None:
             handoff = ch.recv(timeout=None).get("go")
         except EOFError:
             sys.exit(0)  # the move was called off: the source runs on
+        info["timeline"].append(("go", time.time()))
     _start_kernel(ns, st, plan, handoff, info)
 
 

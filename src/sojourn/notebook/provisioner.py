@@ -23,6 +23,7 @@ Registered under the ``jupyter_client.kernel_provisioners`` entry point as
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -31,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from typing import Any
 
 from jupyter_client.launcher import launch_kernel
@@ -38,6 +40,7 @@ from jupyter_client.provisioning import LocalProvisioner
 from traitlets import Bool, Unicode
 
 from sojourn.notebook import control
+from sojourn.notebook.prefetch import ENV as PREFETCH_ENV
 
 
 class _Slot:
@@ -89,14 +92,19 @@ class SojournProvisioner(LocalProvisioner):  # type: ignore[misc]
         return kwargs
 
     def _spawn(self, python: str, memory: int | None, machine: str, token: str,
-               preload: list[str], stand_in: bool = False) -> subprocess.Popen[bytes]:
+               preload: list[str], stand_in: bool = False, prefetch: Any = None) -> subprocess.Popen[bytes]:
         cmd = list(self._cmd)
         cmd[0] = python  # the kernelspec's argv starts with the interpreter
         if stand_in:  # the suspended kernel's stand-in runs where the server runs, with its python
             cmd = [sys.executable, "-m", "sojourn.notebook.stub", "-f", self._connection_file()]
         kw = LocalProvisioner._scrub_kwargs(dict(self._launch))
         env = dict(kw.get("env") or os.environ)
-        env.update(SOJOURN_HANDOFF=token, SOJOURN_MACHINE=machine, SOJOURN_PRELOAD=",".join(preload))
+        env.update(SOJOURN_HANDOFF=token, SOJOURN_MACHINE=machine, SOJOURN_PRELOAD=",".join(preload),
+                   SOJOURN_SPAWNED=repr(time.time()))
+        env.pop(PREFETCH_ENV, None)
+        if prefetch and prefetch.get("capsule") and not stand_in:
+            # the previous capsule: the destination reads it while the source captures
+            env[PREFETCH_ENV] = json.dumps(prefetch)
         env.pop("SOJOURN_MEMORY", None)
         env.pop("SOJOURN_RESUME", None)  # a destination restores what it is sent, nothing else
         if memory:
@@ -149,7 +157,8 @@ class SojournProvisioner(LocalProvisioner):  # type: ignore[misc]
             try:
                 proc = self._spawn(str(target.get("python") or sys.executable), target.get("memory"),
                                    str(target.get("machine") or self.machine), token,
-                                   target.get("preload") or [], stand_in=stand_in)
+                                   target.get("preload") or [], stand_in=stand_in,
+                                   prefetch=target.get("prefetch") if plan is None else None)
                 while not slot.arrived.wait(0.1):
                     if proc.poll() is not None:
                         raise RuntimeError(f"the destination process exited at start (code {proc.returncode})")
