@@ -71,15 +71,17 @@ print(json.dumps({{"capsule": ref.id, "seconds": time.perf_counter() - t0}}))
 """
 
 BASE_RESTORE = """
-import json, sys, time
+import json, resource, sys, time
 sys.path.insert(0, {src!r})
 import numpy, sojourn
 from sojourn.capsule.restore import restore_capsule
 from sojourn.repository.repo import open_repository
-t0 = time.perf_counter()
+t0, r0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
 with open_repository({repo!r}) as r:
     ns = restore_capsule(r, {capsule!r}, check=True)
-print(json.dumps({{"seconds": time.perf_counter() - t0}}))
+r1 = resource.getrusage(resource.RUSAGE_SELF)
+print(json.dumps({{"seconds": time.perf_counter() - t0, "user": r1.ru_utime - r0.ru_utime,
+                  "system": r1.ru_stime - r0.ru_stime}}))
 """
 
 
@@ -154,13 +156,14 @@ def main() -> int:
         rest = e.py(BASE_RESTORE.format(src=str(SRC), repo=e.repo, capsule=cap["capsule"]))
         caps.append(cap["seconds"])
         rests.append(rest["seconds"])
-        print(f"  baseline: capture {cap['seconds']:.3f} s, restore {rest['seconds']:.3f} s", flush=True)
+        print(f"  baseline: capture {cap['seconds']:.3f} s, restore {rest['seconds']:.3f} s (user {rest['user']:.2f}, "
+              f"system {rest['system']:.2f})", flush=True)
 
     # -- the live move ----------------------------------------------------------------------
     limit = lambda k: f"{max(1, (k * size) >> 20) + 1024}MiB"  # noqa: E731
     e.sojourn("machines", "set", "small", "--memory", limit(3))
     e.sojourn("machines", "set", "big", "--memory", limit(6))
-    moves = []
+    moves: list[dict[str, Any]] = []
     for rep in range(ns.reps):
         (e.work / "holder.py").write_text(textwrap.dedent(HOLDER.format(state=state(200 + rep))))
         ticks, stop = root / f"ticks-{rep}.txt", root / f"stop-{rep}"
@@ -191,13 +194,17 @@ def main() -> int:
         across = [g for g, moved in gaps if moved]
         step = sorted(g for g, _ in gaps)[len(gaps) // 2]
         machines = [a["machine"] for a in rec["allocations"]]
-        m = {"paused": float(ev["paused_ms"]) / 1e3, "restore": float(ev["restore_ms"]) / 1e3,
+        m: dict[str, Any] = {"paused": float(ev["paused_ms"]) / 1e3, "restore": float(ev["restore_ms"]) / 1e3,
              "capture": float(src_marker.get("seconds_capture") or 0.0),
              "gap": (across[0] - step) if across else float("nan"), "wall": wall,
-             "size": int(src_marker.get("size") or 0), "machines": machines}
+             "size": int(src_marker.get("size") or 0), "machines": machines,
+             # CPU seconds of the destination's restore: system time is the first touch of its
+             # memory, which depends on the host (docs/moves.md, "Time")
+             "restore_user": float((ev.get("restore") or {}).get("user") or float("nan")),
+             "restore_system": float((ev.get("restore") or {}).get("system") or float("nan"))}
         moves.append(m)
         print(f"  move {rep + 1}: paused {m['paused']:.3f} s (capture {m['capture']:.3f} + restore "
-              f"{m['restore']:.3f}); step gap {m['gap']:.3f} s; `sojourn move` {wall:.2f} s; {' -> '.join(machines)}",
+              f"{m['restore']:.3f}: user {m['restore_user']:.2f}, system {m['restore_system']:.2f}); step gap {m['gap']:.3f} s; `sojourn move` {wall:.2f} s; {' -> '.join(machines)}",
               flush=True)
 
     base_w, base_r = min(caps), min(rests)

@@ -209,9 +209,10 @@ def _wait(store: WorkspaceStore, ws: str, rec: Any, move: str, source: str, dest
     """Watch the log for the outcome: the commit (an ``authority`` event of this move), a
     ``move`` event, or the source ending some other way; and the destination failing first."""
     from sojourn.workspace.faults import fault
-    from sojourn.workspace.migrate import get_marker
+    from sojourn.workspace.migrate import LeaseWatch, get_marker
     from sojourn.workspace.records import describe_event
 
+    lease, ready = LeaseWatch(store, ws, move), None  # a destination that dies before it asks
     cursor, epoch = rec.upto, rec.epoch
     committed: dict[str, Any] | None = None
     t_commit = 0.0
@@ -258,6 +259,11 @@ def _wait(store: WorkspaceStore, ws: str, rec: Any, move: str, source: str, dest
             if not _requested(store, ws, epoch, move) or time.monotonic() - dead_since > 30.0:
                 why = (failed or {}).get("error") or "the destination's supervisor ended"
                 return {"moved": False, "message": f"not moved: {why}; `sojourn show {ws}` tells the rest"}
+        ready = ready or get_marker(store, ws, move, "ready")
+        expired = lease.expired(ready) if not asked and committed is None else None
+        if expired and not _requested(store, ws, epoch, move):  # (once it asked, the source settles it)
+            return {"moved": False, "message": f"not moved: {expired}; it had not asked for the pause, so nothing "
+                                               f"was paused and the program keeps running in {source}"}
         if not asked and committed is None and time.monotonic() - t0 > START_LIMIT:
             # A destination on another host that died while starting says nothing; this side
             # stops watching (nothing was paused, the program runs on where it was).

@@ -11,7 +11,9 @@ right one. Actions:
   ``<point>.go`` appears there, so a test can act from outside at that step (``kill -9`` the
   process, corrupt a chunk, take the repository away) and then let it go on.
 
-Each point fires once per process.
+Each point fires once per process. A few names are switches rather than points
+(:func:`switched`): ``move.source.as-remote:on`` makes a move's source treat its destination
+as if it ran on another host (no pid check), so that a test on one host exercises the lease.
 """
 
 from __future__ import annotations
@@ -55,3 +57,8 @@ def fault(point: str) -> None:
         deadline = time.monotonic() + 600
         while not os.path.exists(go) and time.monotonic() < deadline:
             time.sleep(0.01)
+
+
+def switched(name: str) -> bool:
+    """Whether the test switch ``name`` is set in ``SOJOURN_FAULT`` (any action)."""
+    return bool(_FAULTS) and name in _FAULTS

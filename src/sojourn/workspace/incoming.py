@@ -34,8 +34,10 @@ from sojourn.workspace.faults import fault
 from sojourn.workspace.liveness import boot_id, hostname, me, process_start
 from sojourn.workspace.machine import MachineSpec, spend
 from sojourn.workspace.migrate import (
+    Heartbeat,
     capsule_entry,
     get_marker,
+    lease_seconds,
     poll_interval,
     put_marker,
     verify_timeout,
@@ -62,6 +64,7 @@ class Incoming:
         self.requested = False
         self.expected = sup.spec.epoch
         self.source_alloc: R.Allocation | None = None
+        self.lease: Heartbeat | None = None  # renewed from before the ready marker until the commit
 
     def run(self) -> bool:
         """True once committed (the supervisor carries on as the workspace's holder)."""
@@ -77,6 +80,9 @@ class Incoming:
                 return self.discard(str(e), tell=False)
             self.discard(str(e) if isinstance(e, SojournError) else f"{type(e).__name__}: {e}")
             return False
+        finally:
+            if self.lease is not None:
+                self.lease.stop()
 
     def _wait(self, kinds: tuple[str, ...], timeout: float, what: str, check: Any = None) -> dict[str, Any]:
         t_end = time.monotonic() + timeout
@@ -108,9 +114,20 @@ class Incoming:
 
     def _check_epoch(self) -> None:
         store, ws = self.sup.store, self.sup.spec.workspace
+        self._check_lease()
         if not store.holds(ws, self.expected):
             n, doc = store.epoch(ws, self.expected)
             raise _Gone(f"workspace {ws} moved on to epoch {n} ({(doc or {}).get('holder')}); this move is off")
+
+    def _check_lease(self) -> None:
+        """A destination that could not renew its lease for ``L/2`` stops: the source may take
+        the workspace back at any moment now (the epoch swap keeps that safe; this keeps it
+        quick and says why)."""
+        lease = self.lease
+        if lease is not None and not lease.fresh():
+            raise _Gone(f"could not renew its lease (move.{self.sup.spec.workspace}.{self.move}.beat) for "
+                        f"{lease.lease / 2:g} s: the repository is out of reach, and the source gives up on a "
+                        f"silent destination after {lease.lease:g} s")
 
     def _files(self) -> None:
         """Put the workspace's files in the scratch directory while the session warms up: its
@@ -139,8 +156,11 @@ class Incoming:
         fault("move.dest.start")
         self._files()
         warm = self._wait(("warm",), 120.0, "starting")
+        self.lease = Heartbeat(store, ws, move, lease_seconds())
+        self.lease.start()
         put_marker(store, ws, move, "ready", {**me(), "allocation": s.allocation, "python": s.python,
-                                               "machine": self.machine.name, "session_pid": warm.get("pid")})
+                                               "machine": self.machine.name, "session_pid": warm.get("pid"),
+                                               "lease": self.lease.lease})
         fault("move.dest.after-ready")
         self._check_epoch()
         store.request(ws, e, "move", move=move, allocation=s.allocation, deadline=self.deadline,
@@ -163,11 +183,14 @@ class Incoming:
         facts = capsule_facts(store.repo, cap)
         entry = capsule_entry({**src, "reason": src.get("reason") or "move"}, self.source, True)
         info = {"reason": f"move {move} from {self.source}", "move": move, "capsule": cap, **me()}
+        self._check_lease()  # the last moment: past the swap there is no going back
         new = self._swap(info)
         if new is None:
             return self.discard("the source took the workspace back first", tell=False)
         fault("move.dest.after-cas")
         s.epoch = new
+        if self.lease is not None:
+            self.lease.stop()  # the epoch says it all from here on
         src_a = self.source_alloc
         from_spend = spend(src_a.price_per_hour, time.time() - src_a.started) if src_a is not None else 0.0
         started = sup.held_started or {}

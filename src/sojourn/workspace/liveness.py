@@ -28,5 +28,31 @@ def gone(a: R.Allocation) -> str | None:
         return f"host {a.host} rebooted since the session started"
     if alive(a.pid, a.pid_start) or alive(a.session_pid, a.session_pid_start):
         return None
+    if a.session_pid is None and session_running(a.id):  # its supervisor died before it recorded the pid
+        return None
     pids = f"supervisor pid {a.pid}" + (f", session pid {a.session_pid}" if a.session_pid else "")
     return f"its processes ({pids}) are gone: killed or crashed"
+
+
+def session_running(allocation: str) -> bool:
+    """Whether a session process of ``allocation`` runs on this host, found by its command line
+    (``python -m sojourn.workspace.session ... --allocation AL``): a supervisor records its
+    session's pid only once the session says it started, and one killed before that leaves a
+    live session (it pauses and records itself as an orphan) that the record does not name."""
+    from pathlib import Path
+
+    needle = f"\0--allocation\0{allocation}\0".encode()
+    try:
+        entries = list(Path("/proc").iterdir())
+    except OSError:  # no /proc (macOS): the record's pids are all there is
+        return False
+    for d in entries:
+        if not d.name.isdigit():
+            continue
+        try:
+            cmdline = (d / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if needle in cmdline and b"\0sojourn.workspace.session\0" in cmdline:
+            return True
+    return False

@@ -23,8 +23,10 @@ half is ``incoming.py``.
 
 from __future__ import annotations
 
+import os
 import queue
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -32,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from sojourn.errors import AlreadyExists, ObjectNotFound, SojournError
 from sojourn.workspace import records as R
 from sojourn.workspace.errors import AuthorityLost
-from sojourn.workspace.faults import fault
+from sojourn.workspace.faults import fault, switched
 from sojourn.workspace.liveness import alive, boot_id, hostname, me
 from sojourn.workspace.machine import spend
 from sojourn.workspace.store import KIND, WorkspaceStore, _dump, _load
@@ -85,17 +87,105 @@ def poll_interval(store: WorkspaceStore) -> float:
 
 def verify_timeout(size: int, given: float | None = None) -> float:
     """How long the source holds for the destination's restore before it takes the
-    workspace back: generous, since a dead destination on this host is noticed at once."""
+    workspace back: generous, since a dead destination is noticed sooner (its pid on this
+    host, its lease anywhere)."""
     return float(given) if given else 120.0 + size / 20e6
 
 
 def process_gone(doc: dict[str, Any] | None) -> bool:
     """Whether the process a marker names is provably gone (only on this host)."""
-    if not doc or doc.get("host") != hostname():
+    if not doc or doc.get("host") != hostname() or switched("move.source.as-remote"):
         return False
     if doc.get("boot_id") and doc.get("boot_id") != boot_id():
         return True
     return not alive(doc.get("pid"), doc.get("pid_start"))
+
+
+# -- the destination's lease ----------------------------------------------------------------
+
+
+def lease_seconds() -> float:
+    """``L``: how long a destination's heartbeat may stand still before the source presumes it
+    dead (``SOJOURN_MOVE_LEASE``, default 10 s). The destination chooses it and publishes it in
+    its ``ready`` marker, so both sides use the same."""
+    try:
+        return max(0.4, float(os.environ.get("SOJOURN_MOVE_LEASE") or 10.0))
+    except ValueError:
+        return 10.0
+
+
+class Heartbeat:
+    """The destination's lease: it overwrites ``move.<ws>.<M>.beat`` with a counter every
+    ``L/4`` s, from before its ``ready`` marker until its commit or its discard. Only the
+    counter's change matters to the reader (no clock agreement between hosts is needed)."""
+
+    def __init__(self, store: WorkspaceStore, ws: str, move: str, lease: float):
+        self.store, self.ws, self.move, self.lease = store, ws, move, lease
+        self.n = 0
+        self.last_ok: float | None = None  # time.monotonic() of the last write that succeeded
+        self._stop = threading.Event()
+
+    def beat(self) -> None:
+        self.n += 1
+        doc = {"n": self.n, "lease": self.lease, "t": R.now(), **me()}
+        self.store.backend.save(KIND, marker_name(self.ws, self.move, "beat"), _dump(doc))
+        self.last_ok = time.monotonic()
+
+    def start(self) -> None:
+        """The first beat is written here (a repository that cannot take it fails the move
+        before anything was asked), the next ones by a thread."""
+        self.beat()
+        threading.Thread(target=self._loop, name="sojourn-lease", daemon=True).start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.lease / 4):
+            try:
+                self.beat()
+            except SojournError:
+                pass  # fresh() says when it has failed for too long
+
+    def fresh(self) -> bool:
+        """Renewed within ``L/2``: past that, the source may give up on us at any moment, and
+        a destination that cannot renew its lease must not commit (it discards)."""
+        return self.last_ok is not None and time.monotonic() - self.last_ok <= self.lease / 2
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+class LeaseWatch:
+    """The source's side of the lease: the destination's heartbeat read (at most twice a
+    second), and how long it has stood still by this process's own clock."""
+
+    def __init__(self, store: WorkspaceStore, ws: str, move: str):
+        self.store, self.ws, self.move = store, ws, move
+        self.value: Any = None
+        self.changed = time.monotonic()
+        self.next_read = 0.0
+
+    def expired(self, ready: dict[str, Any] | None) -> str | None:
+        """Why the destination is presumed dead, or None. Only a destination that published
+        a lease in its ``ready`` marker is judged by one."""
+        lease = float((ready or {}).get("lease") or 0)
+        if lease <= 0:
+            return None
+        now = time.monotonic()
+        if now >= self.next_read:
+            self.next_read = now + min(0.5, lease / 8)
+            beat = get_marker(self.store, self.ws, self.move, "beat")  # raises while the repository is away
+            if beat is not None and beat.get("n") != self.value:
+                self.value, self.changed = beat.get("n"), time.monotonic()
+                return None
+        if now - self.changed <= lease:
+            return None
+        return (f"the destination on {where_of(ready)} stopped renewing its lease: its heartbeat "
+                f"({marker_name(self.ws, self.move, 'beat')}) did not change for {lease:g} s, so it is presumed dead "
+                "or cut off from the repository")
+
+
+def where_of(ready: dict[str, Any] | None) -> str:
+    r = ready or {}
+    return f"{r.get('machine') or '?'} ({r.get('host')}, supervisor pid {r.get('pid')})"
 
 
 # -- the verdict: commit or abort, settled by the epoch swap --------------------------------
@@ -124,6 +214,7 @@ def await_verdict(store: WorkspaceStore, ws: str, epoch: int, al: str, move: str
     t_end = time.monotonic() + timeout
     poll = poll_interval(store)
     ready: dict[str, Any] | None = None
+    lease = LeaseWatch(store, ws, move)
     why = ""
     while True:
         try:
@@ -136,6 +227,8 @@ def await_verdict(store: WorkspaceStore, ws: str, epoch: int, al: str, move: str
                 ready = get_marker(store, ws, move, "ready")
             if not why and process_gone(ready):
                 why = f"the destination's supervisor (pid {ready.get('pid') if ready else '?'}) died"
+            if not why:
+                why = lease.expired(ready) or ""
         except SojournError as e:  # the repository is away: hold on, nothing may run meanwhile
             if time.monotonic() > t_end:
                 why = f"the repository was unreachable ({e})"
@@ -147,12 +240,15 @@ def await_verdict(store: WorkspaceStore, ws: str, epoch: int, al: str, move: str
 
 
 def timeout_reason(ready: dict[str, Any] | None, timeout: float) -> str:
-    """Why the source gave up waiting. A destination on this host that dies is noticed at
-    once (its pid); one on another host only by this timeout (docs/moves.md, "Remote
-    destinations": a lease would notice it sooner)."""
+    """Why the source gave up waiting. A destination that dies is noticed sooner: at once on
+    this host (its pid), within its lease elsewhere (:class:`LeaseWatch`); this timeout bounds
+    a live destination's restore, and a dead one of a version without a lease."""
     if ready is None:
         return f"the destination never said it was ready within {timeout:.0f} s"
-    where = f"{ready.get('machine') or '?'} ({ready.get('host')}, supervisor pid {ready.get('pid')})"
+    where = where_of(ready)
+    if ready.get("lease"):  # it kept its lease: alive, but its restore took longer than this
+        return (f"the destination on {where} did not report a checked restore within {timeout:.0f} s, although "
+                "it kept renewing its lease (`sojourn move --timeout S` gives a big capsule longer)")
     remote = "" if ready.get("host") == hostname() else (
         "; it runs on another host, so this side cannot see whether it died and waits this long before taking "
         "the workspace back (`sojourn move --timeout S` sets it)")

@@ -19,22 +19,43 @@ from sojourn.workspace.logs import LogWriter, next_free_seq
 from sojourn.workspace.store import WorkspaceStore
 
 
+def _log_spill(repo: Any, ws: str, al: str, spill: str | None) -> None:
+    """The output since the supervisor died becomes the allocation's last log pieces."""
+    if not spill:
+        return
+    log = LogWriter(repo.backend, ws, al, first_seq=next_free_seq(repo.backend, ws, al))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    for stream, suffix in (("stdout", ".out"), ("stderr", ".err")):
+        for part in (suffix + ".0", suffix):  # what the pipe held, then what came after
+            try:
+                with open(spill + part, "rb") as f:
+                    log.write(stream, f.read())
+                os.unlink(spill + part)
+            except OSError:
+                pass
+    log.flush()
+
+
+def _started_unless_recorded(rec: R.WorkspaceRecord, al: str) -> list[dict[str, Any]]:
+    """This session's ``started`` event, when its supervisor died before writing it (the
+    record then names no session for the allocation, and the steps it ran would be no one's)."""
+    a = rec.allocation(al)
+    if a is None or a.session_pid is not None:
+        return []
+    import platform
+
+    from sojourn.procs import process_start
+
+    return [{"type": "started", "allocation": al, "session_pid": os.getpid(),
+             "session_pid_start": process_start(os.getpid()), "python_version": platform.python_version(),
+             "python": platform.python_version(), "arch": platform.machine(), "platform": sys.platform}]
+
+
 def record_orphan_pause(repo_url: str, ws: str, al: str, epoch: int, msg: dict[str, Any], spill: str | None) -> None:
     with open_repository(repo_url) as repo:
         store = WorkspaceStore(repo)
-        if spill:
-            log = LogWriter(repo.backend, ws, al, first_seq=next_free_seq(repo.backend, ws, al))
-            sys.stdout.flush()
-            sys.stderr.flush()
-            for stream, suffix in (("stdout", ".out"), ("stderr", ".err")):
-                for part in (suffix + ".0", suffix):  # what the pipe held, then what came after
-                    try:
-                        with open(spill + part, "rb") as f:
-                            log.write(stream, f.read())
-                        os.unlink(spill + part)
-                    except OSError:
-                        pass
-            log.flush()
+        _log_spill(repo, ws, al, spill)
         error = verify_capsule(repo_url, msg["capsule"], python=sys.executable, cwd=os.getcwd())
         entry = R.CapsuleEntry(id=msg["capsule"], parent=msg.get("parent"), reason=str(msg.get("reason")),
                                where=str(msg.get("where", "")), size=int(msg.get("size", 0)), time=R.now(),
@@ -43,11 +64,37 @@ def record_orphan_pause(repo_url: str, ws: str, al: str, epoch: int, msg: dict[s
         previous = rec.last_capsule.id if rec.last_capsule else None
         standing = entry.id if entry.verified else previous
         reason = "suspended" if entry.verified else "failed"
-        store.append(ws, epoch, al,
+        store.append(ws, epoch, al, *_started_unless_recorded(rec, al),
                      {"type": "capsule", "capsule": entry.__dict__},
                      {"type": "stopped", "allocation": al, "reason": reason,
                       "detail": "its supervisor (the sojourn command) was gone, so the session paused by itself"
                                 + ("" if entry.verified else f"; the capsule failed its check: {error}"),
                       "exit_code": None, "max_rss": msg.get("max_rss"), "spend": 0.0,
                       "state": R.state_after_stop(reason, entry.id if entry.verified else None), "capsule": standing})
+        store.record(ws)
+
+
+def record_orphan_exit(repo_url: str, ws: str, al: str, epoch: int, msg: dict[str, Any], spill: str | None) -> None:
+    """The program ended (``msg``: the session's ``exit`` report) after its supervisor died and
+    before the orphan's pause could land: record the allocation's end as the supervisor
+    would have (finished, or failed on the last good capsule)."""
+    code, ran = msg.get("code"), bool(msg.get("ran", True))
+    if msg.get("oom"):
+        reason, what = "oom", f"ran out of memory ({msg.get('error')}: {msg.get('message', '')})"[:500]
+    elif code == 0 and ran:
+        reason, what = "finished", "exit code 0"
+    elif msg.get("error"):
+        reason, what = "failed", f"{msg.get('error')}: {msg.get('message', '')}"[:500]
+    else:
+        reason, what = "failed", f"exit code {code}"
+    with open_repository(repo_url) as repo:
+        store = WorkspaceStore(repo)
+        _log_spill(repo, ws, al, spill)
+        rec = store.record(ws, save=False)
+        standing = rec.last_capsule.id if rec.last_capsule else None
+        store.append(ws, epoch, al, *_started_unless_recorded(rec, al),
+                     {"type": "stopped", "allocation": al, "reason": reason, "exit_code": code, "ran": ran,
+                      "detail": f"{what}; its supervisor (the sojourn command) was gone, so the session recorded "
+                                "its end itself", "max_rss": msg.get("max_rss"), "spend": 0.0,
+                      "state": R.state_after_stop(reason, standing, ran), "capsule": standing})
         store.record(ws)

@@ -74,6 +74,7 @@ class Channel:
         self.lock = threading.Lock()
         self.orphan = False
         self.spill: str | None = None
+        self.spill_lock = threading.Lock()
         # Moves (migrate.py): control messages the main thread waits for (a verdict while held
         # at a boundary, the capsule and the go of an incoming session), the move being held,
         # and the labels dict the engine stamps on capsules (its epoch changes with a move).
@@ -83,6 +84,8 @@ class Channel:
         self.holding = False
         self.incoming = False  # an incoming session before its go: it never held the workspace
         self.restored: str | None = None  # the capsule an incoming session restored, waiting for its go
+        self.go_seen = False  # the go of an incoming session arrived (set by the control thread)
+        self.restore_usage: tuple[float, Any] | None = None  # (perf_counter, rusage) at the restore's start
         self.held_signals: list[str] = []  # pause signals that came while held for a move
         self.label: dict[str, Any] = {}
         for fd in (self.status_fd, self.control_fd, *self.output_fds):
@@ -234,7 +237,13 @@ class Channel:
             except OSError:
                 data = b""
             if not data:
-                if self.incoming:  # a move's destination before its go: the program never ran here
+                # A move's destination before its go: the program never ran here. Decided by
+                # whether the go *arrived* (it comes on this pipe, before the end), not by whether
+                # the main thread has acted on it yet: it may be running the program already.
+                if self.incoming and not self.go_seen:
+                    from sojourn.workspace.faults import fault
+
+                    fault("session.settle-unstarted")  # a test hook
                     if self.restored:
                         try:
                             from sojourn.workspace.incoming import settle_unstarted
@@ -257,6 +266,8 @@ class Channel:
         from sojourn.execution import pause
 
         op = msg.get("op")
+        if op == "go":
+            self.go_seen = True
         if op in ("verdict", "restore", "go"):
             self.waits.put(msg)
         elif op == "pause" and msg.get("hold"):
@@ -289,37 +300,70 @@ class Channel:
     def _supervisor_lost(self) -> None:
         """Nobody reads our output or records our state any more: keep the output in a spill
         file and pause, so the workspace ends suspended rather than lost."""
-        self.orphan = True
-        try:
-            from sojourn.repository.repo import sojourn_home
+        from sojourn.workspace.faults import fault
 
-            spill_dir = sojourn_home() / "spill"
-            spill_dir.mkdir(parents=True, exist_ok=True)
-            self.spill = str(spill_dir / f"{self.ns.workspace}.{self.ns.allocation}")
-            for target, suffix in ((1, ".out"), (2, ".err")):
-                fd = os.open(self.spill + suffix, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-                os.dup2(fd, target)  # from here on the program writes to the spill file
-                os.close(fd)
-            # What it wrote before and nobody read is still in the pipes (we hold their read
-            # ends): it goes first.
-            for r, suffix in zip(self.output_fds, (".out", ".err"), strict=False):
-                os.set_blocking(r, False)
-                with open(self.spill + suffix + ".0", "ab") as f:
-                    while True:
-                        try:
-                            chunk = os.read(r, 1 << 16)
-                        except BlockingIOError:
-                            break
-                        if not chunk:
-                            break
-                        f.write(chunk)
-        except OSError:
-            pass
+        self.orphan = True
+        fault("session.orphaned")  # a test hook: the program may run on (and end) before the pause is asked
+        self._spill()
         if self.holding or self.hold_move is not None:
             self.waits.put({"op": "eof"})  # held for a move: the main thread settles it
             if self.holding:
                 return
         self._request("supervisor lost", None, "exit", "continue")
+
+    def _spill(self) -> None:
+        """From here on the program's output goes to a spill file (what it wrote before and
+        nobody read is still in the pipes, whose read ends we hold: it goes first). Once, from
+        whichever thread finds the supervisor gone first."""
+        with self.spill_lock:
+            if self.spill is not None:
+                return
+            try:
+                from sojourn.repository.repo import sojourn_home
+
+                spill_dir = sojourn_home() / "spill"
+                spill_dir.mkdir(parents=True, exist_ok=True)
+                self.spill = str(spill_dir / f"{self.ns.workspace}.{self.ns.allocation}")
+                for target, suffix in ((1, ".out"), (2, ".err")):
+                    fd = os.open(self.spill + suffix, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                    os.dup2(fd, target)  # from here on the program writes to the spill file
+                    os.close(fd)
+                for r, suffix in zip(self.output_fds, (".out", ".err"), strict=False):
+                    os.set_blocking(r, False)
+                    with open(self.spill + suffix + ".0", "ab") as f:
+                        while True:
+                            try:
+                                chunk = os.read(r, 1 << 16)
+                            except BlockingIOError:
+                                break
+                            if not chunk:
+                                break
+                            f.write(chunk)
+            except OSError:
+                pass
+
+    def report_exit(self, msg: dict[str, Any]) -> None:
+        """Tell the supervisor how the program ended. When it is gone (it died while the
+        program ran on, before the orphan's pause could land: the program ended first), no
+        one else can say it: the session records the allocation's end itself, else a reaper
+        would find both processes gone and record ``failed`` with nothing to resume from."""
+        if self.send(msg) or not self.ns.workspace or self.incoming:
+            return
+        self.orphan = True
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()  # into the pipe, which the spill drains next
+            except Exception:
+                pass
+        self._spill()
+        try:
+            from sojourn.workspace.orphan import record_orphan_exit
+
+            record_orphan_exit(self.ns.repo, self.ns.workspace, self.ns.allocation, int(self.ns.epoch), msg,
+                               self.spill)
+        except Exception as e:
+            print(f"sojourn: could not record the end of the program in workspace {self.ns.workspace}: {e}",
+                  file=sys.stderr)
 
     def _record_alone(self, msg: dict[str, Any]) -> None:
         """Record a capsule in the workspace without the supervisor (it is gone)."""
@@ -387,6 +431,10 @@ def main(argv: list[str] | None = None) -> int:
         set_memory_limit(ns.memory)
     if ns.cpus:
         set_cpus(ns.cpus)
+    if ns.cmd != "incoming":
+        from sojourn.workspace.faults import fault
+
+        fault("session.before-started")  # a test hook: the record does not name this session yet
     ch.send({"event": "started", "pid": os.getpid(), "pid_start": process_start(os.getpid()),
              "python_version": platform.python_version(), "executable": sys.executable,
              "arch": platform.machine(), "platform": sys.platform})
@@ -416,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
     except runner.ResumeError as e:
         print(f"sojourn: error: {e}", file=sys.stderr)
         code = 2
-        ch.send({"event": "exit", "code": code, "ran": False, "error": "ResumeError", "message": str(e)})
+        ch.report_exit({"event": "exit", "code": code, "ran": False, "error": "ResumeError", "message": str(e)})
         return code
     except BaseException as e:
         oom = is_oom(e)
@@ -425,10 +473,10 @@ def main(argv: list[str] | None = None) -> int:
         ran = _program_ran()
         _print_exception(e)
         code = 130 if isinstance(e, KeyboardInterrupt) else 1
-        ch.send({"event": "exit", "code": code, "ran": ran, "error": type(e).__name__, "oom": oom,
-                 "message": str(e)[:2000]})
+        ch.report_exit({"event": "exit", "code": code, "ran": ran, "error": type(e).__name__, "oom": oom,
+                        "message": str(e)[:2000]})
         return code
-    ch.send({"event": "exit", "code": code, "ran": True})
+    ch.report_exit({"event": "exit", "code": code, "ran": True})
     return code
 
 
@@ -473,7 +521,19 @@ def incoming_capsule(ch: Channel, preload: str) -> str:
             from sojourn.workspace.faults import fault
 
             fault("move.incoming.before-restore")
+            ch.restore_usage = (time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF))
             return str(msg["capsule"])
+
+
+def _restore_usage(ch: Channel) -> dict[str, float] | None:
+    """The restore's wall, user and system seconds (the ``move`` event's ``restore``): system
+    time is where a first touch of memory shows (docs/moves.md, "Time")."""
+    if ch.restore_usage is None:
+        return None
+    t0, r0 = ch.restore_usage
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    return {"wall": round(time.perf_counter() - t0, 4), "user": round(r1.ru_utime - r0.ru_utime, 4),
+            "system": round(r1.ru_stime - r0.ru_stime, 4)}
 
 
 def incoming_go(ch: Channel) -> None:
@@ -483,11 +543,12 @@ def incoming_go(ch: Channel) -> None:
 
     fault("move.incoming.after-restore")
     ch.restored = str(ch.ns.capsule)
-    ch.send({"event": "restored"})
+    ch.send({"event": "restored", "timings": _restore_usage(ch)})
     while True:
         msg = ch.waits.get()
         if msg.get("op") == "go":
             break
+    fault("session.incoming-go")  # a test hook: the control thread may see its pipe end meanwhile
     ch.ns.epoch = int(msg["epoch"])
     ch.label["epoch"] = ch.ns.epoch
     ch.incoming = False
