@@ -6,11 +6,22 @@ Directory fsyncs are batched into :meth:`LocalBackend.flush` so that a capture t
 hundreds of chunks pays for one fsync per directory, not one per chunk; the write order
 chunks → flush → manifest keeps the invariant that a manifest never names a chunk that a
 crash could lose.
+
+Large objects (chunks) are written with ``O_DIRECT`` where the filesystem allows it, through
+a page-aligned bounce buffer per thread: the bytes go to the disk without taking page-cache
+memory. A capture of 1 GiB then needs no free memory beyond 4 MiB a writer thread, which
+matters most exactly when sojourn is called: a machine near its memory limit, or a VM whose
+memory is backed lazily (here, buffered writes into memory nothing had touched for a while
+cost 2.6 s of system time per GiB against 0.25 s direct; on recycled memory both ran at the
+same speed). The copy into the bounce buffer is the copy a buffered write makes anyway.
+``SOJOURN_DIRECT_IO=0`` turns it off; a filesystem that refuses ``O_DIRECT`` (tmpfs) is
+written through the page cache as before.
 """
 
 from __future__ import annotations
 
 import errno
+import mmap
 import os
 import threading
 import uuid
@@ -22,6 +33,41 @@ from sojourn.errors import AlreadyExists, ObjectNotFound, RepositoryError, Repos
 from sojourn.repository.backend import check_kind, check_name
 
 _SHARDED = {"chunks"}  # many objects: spread over 256 subdirectories
+_DIRECT_MIN = 1 << 20  # smaller objects (manifests, records, small chunks) gain nothing
+_ALIGN = 4096  # O_DIRECT wants address, length and offset aligned to the logical block size
+_BOUNCE = 4 << 20
+_O_DIRECT = getattr(os, "O_DIRECT", 0)
+_bounce = threading.local()
+
+
+def _bounce_buffer() -> mmap.mmap:
+    # An anonymous mapping is page aligned; one per thread, reused for every object it writes.
+    buf = getattr(_bounce, "buf", None)
+    if buf is None:
+        buf = _bounce.buf = mmap.mmap(-1, _BOUNCE)
+    return buf
+
+
+def _write_direct(fd: int, view: memoryview) -> None:
+    """Write ``view`` to ``fd`` (opened with O_DIRECT) through the bounce buffer, padding the
+    last block with zeros, then cut the file to the object's size."""
+    buf = _bounce_buffer()
+    whole = memoryview(buf)
+    try:
+        for start in range(0, len(view), _BOUNCE):
+            piece = view[start : start + _BOUNCE]
+            n = len(piece)
+            whole[:n] = piece
+            padded = -(-n // _ALIGN) * _ALIGN
+            if padded > n:
+                whole[n:padded] = bytes(padded - n)
+            out = whole[:padded]
+            while out:
+                written = os.write(fd, out)
+                out = out[written:]
+        os.ftruncate(fd, len(view))
+    finally:
+        whole.release()
 
 
 def os_error(exc: OSError, action: str, path: Path | str) -> RepositoryError:
@@ -48,6 +94,8 @@ class LocalBackend:
         self._dirty: set[Path] = set()
         self._lock = threading.Lock()
         self._made: set[Path] = set()
+        # None: not tried yet on this filesystem; False after it refused O_DIRECT once.
+        self._direct: bool | None = None if _O_DIRECT and os.environ.get("SOJOURN_DIRECT_IO", "1") != "0" else False
 
     # -- location ---------------------------------------------------------------------------
 
@@ -90,15 +138,7 @@ class LocalBackend:
             self._made.add(parent)
         tmp = parent / f".tmp-{uuid.uuid4().hex}"
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            try:
-                view = memoryview(data).cast("B")
-                while view:
-                    n = os.write(fd, view)
-                    view = view[n:]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            self._write_new(tmp, memoryview(data).cast("B"))
             if exclusive:
                 try:
                     os.link(tmp, path)
@@ -120,6 +160,40 @@ class LocalBackend:
             self._dirty.add(parent)
             if kind in _SHARDED:
                 self._dirty.add(parent.parent)
+
+    def _write_new(self, tmp: Path, view: memoryview) -> None:
+        """Create ``tmp`` with exactly ``view``'s bytes, durable (fsynced) on return."""
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+        if len(view) >= _DIRECT_MIN and self._direct is not False:
+            try:
+                fd = os.open(tmp, flags | _O_DIRECT, 0o644)
+            except OSError as e:
+                if e.errno != errno.EINVAL:
+                    raise
+                self._direct = False  # this filesystem has no O_DIRECT (tmpfs): page cache
+            else:
+                try:
+                    _write_direct(fd, view)
+                    os.fsync(fd)
+                    self._direct = True
+                    return
+                except OSError as e:
+                    # Accepted at open, refused at write (an alignment this filesystem does
+                    # not take): write through the page cache from now on.
+                    if e.errno != errno.EINVAL:
+                        raise
+                    self._direct = False
+                finally:
+                    os.close(fd)
+                os.unlink(tmp)
+        fd = os.open(tmp, flags, 0o644)
+        try:
+            while view:
+                n = os.write(fd, view)
+                view = view[n:]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def load(self, kind: str, name: str) -> bytes:
         path = self._path(kind, name)
