@@ -20,6 +20,7 @@ written through the page cache as before.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import mmap
 import os
@@ -40,24 +41,36 @@ _O_DIRECT = getattr(os, "O_DIRECT", 0)
 _bounce = threading.local()
 
 
-def _bounce_buffer() -> mmap.mmap:
+def _bounce_buffer() -> tuple[mmap.mmap, int]:
     # An anonymous mapping is page aligned; one per thread, reused for every object it writes.
-    buf = getattr(_bounce, "buf", None)
-    if buf is None:
-        buf = _bounce.buf = mmap.mmap(-1, _BOUNCE)
-    return buf
+    got = getattr(_bounce, "buf", None)
+    if got is None:
+        buf = mmap.mmap(-1, _BOUNCE)
+        got = _bounce.buf = (buf, ctypes.addressof(ctypes.c_char.from_buffer(buf)))
+    return got  # type: ignore[no-any-return]
+
+
+def _copy_in(whole: memoryview, address: int, piece: memoryview) -> None:
+    # ctypes.memmove runs without the GIL: a slice assignment would copy a whole capture's
+    # bytes while holding it, against the thread that pickles the next variables.
+    try:
+        src = ctypes.addressof(ctypes.c_char.from_buffer(piece))
+    except (TypeError, ValueError):  # read-only (bytes: the stream, compressed chunks)
+        whole[: len(piece)] = piece
+    else:
+        ctypes.memmove(address, src, len(piece))
 
 
 def _write_direct(fd: int, view: memoryview) -> None:
     """Write ``view`` to ``fd`` (opened with O_DIRECT) through the bounce buffer, padding the
     last block with zeros, then cut the file to the object's size."""
-    buf = _bounce_buffer()
+    buf, address = _bounce_buffer()
     whole = memoryview(buf)
     try:
         for start in range(0, len(view), _BOUNCE):
             piece = view[start : start + _BOUNCE]
             n = len(piece)
-            whole[:n] = piece
+            _copy_in(whole, address, piece)
             padded = -(-n // _ALIGN) * _ALIGN
             if padded > n:
                 whole[n:padded] = bytes(padded - n)
