@@ -93,3 +93,47 @@ def test_switched_off_by_the_environment(tmp_path: Path, monkeypatch: pytest.Mon
     b.create()
     _roundtrip(b, SIZES[:2])
     assert b._direct is False
+
+
+def _resident_pages(path: Path) -> int:
+    """Pages of ``path`` in the page cache, asked of the kernel with mincore(2)."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)  # never written: the file's pages
+        try:
+            anchor = ctypes.c_char.from_buffer(mm)
+            pages = -(-size // mmap.PAGESIZE)
+            vec = (ctypes.c_ubyte * pages)()
+            if libc.mincore(ctypes.c_void_p(ctypes.addressof(anchor)), ctypes.c_size_t(size), vec) != 0:
+                pytest.skip(f"mincore failed: errno {ctypes.get_errno()}")
+            del anchor
+            return sum(v & 1 for v in vec)
+        finally:
+            mm.close()
+
+
+@pytest.mark.parametrize("direct_io", ["1", "0"])
+def test_large_reads_leave_no_copy_in_the_page_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, direct_io: str
+) -> None:
+    monkeypatch.setenv("SOJOURN_DIRECT_IO", direct_io)
+    b = LocalBackend(tmp_path / "repo")
+    b.create()
+    data = os.urandom(8 << 20)
+    name = "ef" * 32
+    b.save("chunks", name, data)
+    path = tmp_path / "repo" / "chunks" / name[:2] / name
+    assert path.read_bytes() == data  # a plain read: now it is cached
+    cached = _resident_pages(path)
+    assert cached > 0
+    out = bytearray(len(data))
+    b.load_into("chunks", name, memoryview(out))
+    assert out == data
+    if direct_io == "1":
+        assert _resident_pages(path) == 0  # dropped once read: the program holds the bytes now
+    else:
+        assert _resident_pages(path) == cached
