@@ -1,6 +1,7 @@
-"""Large objects go to the disk with O_DIRECT through an aligned bounce buffer (no page-cache
-memory taken), small ones and filesystems without O_DIRECT (tmpfs) through the page cache;
-either way the object has exactly its bytes."""
+"""When memory is tight (or SOJOURN_DIRECT_IO=1), large objects go to the disk with O_DIRECT
+through an aligned bounce buffer and large reads drop their page-cache copy; otherwise, and
+for small objects and filesystems without O_DIRECT, the page cache is used. Either way an
+object has exactly its bytes."""
 
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ def _direct_ok(path: Path) -> bool:
     return True
 
 
-def test_large_objects_are_written_direct_with_exact_sizes(tmp_path: Path) -> None:
+def test_large_objects_are_written_direct_with_exact_sizes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SOJOURN_DIRECT_IO", "1")
     if not _direct_ok(tmp_path):
         pytest.skip(f"{tmp_path} is on a filesystem without O_DIRECT")
     b = LocalBackend(tmp_path / "repo")
@@ -78,6 +80,7 @@ def test_a_filesystem_that_refuses_o_direct_gets_the_page_cache(
 
     if not hasattr(os, "O_DIRECT"):
         pytest.skip("no O_DIRECT on this platform")
+    monkeypatch.setenv("SOJOURN_DIRECT_IO", "1")
     monkeypatch.setattr(local.os, "open", fake_open)
     monkeypatch.setattr(local.os, "write", fake_write)
     b = LocalBackend(tmp_path / "repo")
@@ -92,7 +95,33 @@ def test_switched_off_by_the_environment(tmp_path: Path, monkeypatch: pytest.Mon
     b = LocalBackend(tmp_path / "repo")
     b.create()
     _roundtrip(b, SIZES[:2])
-    assert b._direct is False
+    assert b._direct is None  # never tried
+
+
+def test_memory_headroom_is_read_from_this_machine() -> None:
+    if not Path("/proc/meminfo").exists():
+        pytest.skip("no /proc/meminfo")
+    room = local.memory_headroom()
+    assert room is not None
+    avail, total = room
+    assert 0 <= avail <= total and total > 64 << 20
+
+
+@pytest.mark.parametrize("tight", [True, False])
+def test_auto_bypasses_the_cache_only_when_memory_is_tight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tight: bool
+) -> None:
+    # Faked: the memory this machine has free cannot be set by a test, so the headroom the
+    # policy reads is replaced (1 GiB of 24 free, or 20 of 24).
+    if not _direct_ok(tmp_path):
+        pytest.skip(f"{tmp_path} is on a filesystem without O_DIRECT")
+    monkeypatch.delenv("SOJOURN_DIRECT_IO", raising=False)
+    monkeypatch.setattr(local, "memory_headroom", lambda: ((1 if tight else 20) << 30, 24 << 30))
+    monkeypatch.setattr(local, "_tight_seen", [-1.0, False])
+    b = LocalBackend(tmp_path / "repo")
+    b.create()
+    _roundtrip(b, SIZES[:2])
+    assert b._direct is (True if tight else None)
 
 
 def _resident_pages(path: Path) -> int:
@@ -116,7 +145,7 @@ def _resident_pages(path: Path) -> int:
             mm.close()
 
 
-@pytest.mark.parametrize("direct_io", ["1", "0"])
+@pytest.mark.parametrize("direct_io", ["1", "0", "auto"])
 def test_large_reads_leave_no_copy_in_the_page_cache(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, direct_io: str
 ) -> None:
@@ -133,7 +162,7 @@ def test_large_reads_leave_no_copy_in_the_page_cache(
     out = bytearray(len(data))
     b.load_into("chunks", name, memoryview(out))
     assert out == data
-    if direct_io == "1":
+    if direct_io == "1" or (direct_io == "auto" and local.memory_tight()):
         assert _resident_pages(path) == 0  # dropped once read: the program holds the bytes now
     else:
         assert _resident_pages(path) == cached
