@@ -61,17 +61,27 @@ def memory_headroom() -> tuple[int, int] | None:
         avail, total = int(info["MemAvailable"].split()[0]) * 1024, int(info["MemTotal"].split()[0]) * 1024
     except (OSError, KeyError, ValueError):
         return None
-    try:
-        for line in Path("/proc/self/cgroup").read_text().splitlines():
-            if line.startswith("0::"):  # cgroup v2
-                base = Path("/sys/fs/cgroup") / line[3:].strip().lstrip("/")
-                limit = (base / "memory.max").read_text().strip()
-                if limit != "max":
-                    used = int((base / "memory.current").read_text())
-                    avail, total = min(avail, max(0, int(limit) - used)), min(total, int(limit))
-    except (OSError, ValueError):
-        pass
+    for line in _read("/proc/self/cgroup").splitlines():
+        hier, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if hier == "0" and not controllers:  # cgroup v2
+            base = Path("/sys/fs/cgroup") / path.strip().lstrip("/")
+            limit, used = _read(base / "memory.max"), _read(base / "memory.current")
+        elif "memory" in controllers.split(","):  # cgroup v1
+            base = Path("/sys/fs/cgroup/memory") / path.strip().lstrip("/")
+            limit, used = _read(base / "memory.limit_in_bytes"), _read(base / "memory.usage_in_bytes")
+        else:
+            continue
+        if limit.isdigit() and used.isdigit() and int(limit) < total:  # v1 says "no limit" as ~2**63
+            avail, total = min(avail, max(0, int(limit) - int(used))), int(limit)
     return avail, total
+
+
+def _read(path: str | Path) -> str:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return ""
 
 
 def memory_tight() -> bool:
