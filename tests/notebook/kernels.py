@@ -46,6 +46,26 @@ class Kernel:
         assert not err, err
         return out.strip()
 
+    def wait_serving(self, seconds: float = 120) -> None:
+        """Ask for kernel_info until the process now holding the ports answers. A request sent
+        in the instant the kernel's process changes is written by the client's zmq into the
+        connection that just died, and lost (docs/notebooks.md, "Limits"): a client that
+        sends right after it saw the old process exit must first see the new one serve."""
+        import queue
+        import time
+
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            msg_id = self.kc.kernel_info()
+            try:
+                while True:
+                    msg = self.kc.get_shell_msg(timeout=5)
+                    if msg["parent_header"].get("msg_id") == msg_id:
+                        return
+            except queue.Empty:
+                continue
+        raise TimeoutError(f"the kernel's process did not answer kernel_info within {seconds} s")
+
     def close(self) -> None:
         if self.closed:
             return

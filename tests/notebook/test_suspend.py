@@ -123,6 +123,7 @@ def test_idle_suspend_then_resume_and_a_fresh_kernel_resumes_the_workspace(jupyt
             time.sleep(0.2)
         _stubbed(k)
         assert _wait_dead(pid)
+        k.wait_serving()  # nothing told this client the kernel suspended (no cell was waiting)
         assert k.out(f"print(values, random.random() == {__import__('random').Random(1).random()!r})") == \
             "{'a': [1, 2]} True"
         assert "autosuspend after 2 s idle" in k.out("%sojourn status")  # the setting went along
