@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.conftest import SRC
+from tests.workspace.conftest import settled_record
 from tests.workspace.test_move import holders_alive
 
 SCRIPT = """
@@ -240,15 +241,8 @@ class Bench:
         """One live session named by the record, or none and the record not `running`."""
 
         def check() -> dict[str, Any] | None:
-            rec = self.show(ws)  # `show` reaps a holder whose processes are gone
-            live = self.sessions()
-            if rec["state"] == "running":
-                open_ = [a for a in rec["allocations"] if a["ended"] is None]
-                if len(live) == 1 and len(open_) == 1 and open_[0]["id"] == rec["holder"] \
-                        and open_[0]["session_pid"] == live[0]:
-                    return rec
-                return None
-            return rec if not live else None
+            # `show` reaps a holder whose processes are gone
+            return settled_record(self.show(ws), self.sessions())
 
         return dict(self.wait(check, timeout, f"{ws} to settle (one holder, or stopped)", poll=0.1))
 

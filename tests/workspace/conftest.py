@@ -117,6 +117,18 @@ class Shell:
                 p.communicate()
 
 
+def settled_record(rec: dict[str, Any], live: list[int]) -> dict[str, Any] | None:
+    """``rec`` when a workspace has settled after a move or a fault: one session runs and the
+    record names it as the holder's, or none runs and the record is not `running`."""
+    if rec["state"] == "running":
+        open_ = [a for a in rec["allocations"] if a["ended"] is None]
+        if len(live) == 1 and len(open_) == 1 and open_[0]["id"] == rec["holder"] \
+                and open_[0]["session_pid"] == live[0]:
+            return rec
+        return None
+    return rec if not live else None
+
+
 def wait_for(pred: Callable[[], Any], timeout: float, what: str) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

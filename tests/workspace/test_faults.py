@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.workspace.conftest import Shell, finish, kill, wait_for
+from tests.workspace.conftest import Shell, finish, kill, settled_record, wait_for
 from tests.workspace.test_move import Mover, holders_alive, mover, moves_of
 
 
@@ -46,15 +46,8 @@ def settled(mv: Mover, ws: str, timeout: float = 90) -> dict[str, Any]:
     holder's, or none runs and the record is not `running` (a reaper may need to notice)."""
 
     def check() -> dict[str, Any] | None:
-        rec = mv.record(ws)  # `show` reaps a holder whose processes are gone
-        live = sessions_alive(mv.tag)
-        if rec["state"] == "running":
-            open_ = [a for a in rec["allocations"] if a["ended"] is None]
-            if len(live) == 1 and len(open_) == 1 and open_[0]["id"] == rec["holder"] \
-                    and open_[0]["session_pid"] == live[0]:
-                return rec
-            return None
-        return rec if not live else None
+        # `show` reaps a holder whose processes are gone
+        return settled_record(mv.record(ws), sessions_alive(mv.tag))
 
     return dict(wait_for(check, timeout, f"the move of {ws} to settle"))
 
