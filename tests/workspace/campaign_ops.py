@@ -37,25 +37,24 @@ def op_move(b: Bench, rng: random.Random) -> None:
     kind = rng.choices(["point", "sigkill-at", "sigkill-delay", "corrupt"], [0.6, 0.2, 0.12, 0.08])[0]
     run_fault = move_fault = None
     f: Fault
+
+    def place(pt: str) -> Fault:
+        """A fault at ``pt``, armed in the command whose processes pass that point."""
+        nonlocal run_fault, move_fault
+        fault = Fault(f"{pt}:{fault_action(rng)}")
+        if pt in RUN_SIDE:
+            run_fault = fault.label
+        else:
+            move_fault = fault.label
+        if pt in SESSION_CRASH_POINTS or pt.startswith("move.abort."):
+            b.t.crash_budget += 1
+        return fault
+
     if kind == "point":
         point = rng.choice(RUN_SIDE + MOVE_SIDE)
-        f = Fault(f"{point}:{fault_action(rng)}")
-        if point in RUN_SIDE:
-            run_fault = f.label
-        else:
-            move_fault = f.label
-        if point in SESSION_CRASH_POINTS or point.startswith("move.abort."):
-            b.t.crash_budget += 1
+        f = place(point)
         if rng.random() < 0.35:  # and one in the other command's processes
-            other = rng.choice(MOVE_SIDE if point in RUN_SIDE else RUN_SIDE)
-            g = Fault(f"{other}:{fault_action(rng)}")
-            b.t.faults.append(g)
-            if other in RUN_SIDE:
-                run_fault = g.label
-            else:
-                move_fault = g.label
-            if other in SESSION_CRASH_POINTS or other.startswith("move.abort."):
-                b.t.crash_budget += 1
+            b.t.faults.append(place(rng.choice(MOVE_SIDE if point in RUN_SIDE else RUN_SIDE)))
     elif kind == "sigkill-at":
         point = rng.choice(RUN_SIDE + MOVE_SIDE)
         f = Fault(f"kill -9 @ {point}")
