@@ -11,10 +11,13 @@ import pytest
 
 from sojourn.repository.chunks import (
     LOCAL_COMPRESS_BELOW,
+    LOCAL_ZSTD_LEVEL,
     REMOTE_COMPRESS_BELOW,
+    REMOTE_ZSTD_LEVEL,
     ChunkStore,
     WriteStats,
     compress_below,
+    compress_level,
 )
 from sojourn.repository.local import LocalBackend
 from sojourn.repository.memory import MemoryBackend
@@ -56,6 +59,7 @@ class _RemoteLike(MemoryBackend):
     # Stands in for a network backend (no S3 server needed to test the bar itself): the
     # documented ``compress_below`` attribute is how a backend sets its own.
     compress_below = REMOTE_COMPRESS_BELOW
+    compress_level = REMOTE_ZSTD_LEVEL
 
 
 def test_a_backend_with_a_lower_bar_compresses_them_and_reads_them_back() -> None:
@@ -70,3 +74,34 @@ def test_a_backend_with_a_lower_bar_compresses_them_and_reads_them_back() -> Non
         assert out == ints
     finally:
         store.close()
+
+
+def test_levels_by_backend_and_chunks_of_any_level_read_alike(tmp_path: Path) -> None:
+    """A local disk gets zstd's fast level, a network the denser one; a chunk's name is the
+    hash of its plain bytes, so a store reading at another level still finds and reads it."""
+    local = LocalBackend(tmp_path / "repo")
+    local.create()
+    assert compress_level(local) == LOCAL_ZSTD_LEVEL < REMOTE_ZSTD_LEVEL == compress_level(_RemoteLike("lv"))
+    text = b"".join(b"step %d loss %.6f\n" % (i, 1 / (i + 1)) for i in range(40_000))
+    fast = ChunkStore(local, chunk_size=64 << 10)
+    try:
+        fast_stats = WriteStats()
+        rec = fast.put(text, fast_stats)
+        assert rec.codec == "zstd" and fast_stats.written < len(text) // 2
+    finally:
+        fast.close()
+
+    class Dense(LocalBackend):
+        compress_level = REMOTE_ZSTD_LEVEL
+
+    dense_backend = Dense(tmp_path / "repo")
+    dense = ChunkStore(dense_backend, chunk_size=64 << 10)
+    try:
+        dense_stats = WriteStats()
+        again = dense.put(text, dense_stats)
+        assert again.chunks == rec.chunks and dense_stats.chunks_new == 0  # same names: reused
+        out = bytearray(len(text))
+        dense.get_into(rec, memoryview(out))
+        assert out == text
+    finally:
+        dense.close()

@@ -17,7 +17,9 @@ Semantics every backend keeps:
 
 A backend may also carry ``compress_below`` (a float): the compressed/plain ratio of a
 sample under which chunks are stored compressed (see :func:`sojourn.repository.chunks.compress_below`;
-without it, local and in-memory backends get 0.5 and any other 0.9).
+without it, local and in-memory backends get 0.5 and any other 0.9), and
+``compress_level`` (an int): the zstd level those chunks are written at (without it, -3
+locally, 1 elsewhere; see :func:`sojourn.repository.chunks.compress_level`).
 """
 
 from __future__ import annotations
