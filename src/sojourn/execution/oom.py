@@ -172,7 +172,10 @@ def handle(ctl: PauseController, tm: TransformedModule, sid: int, frame: types.F
     exc = sys.exc_info()[1]
     if exc is None or not is_oom(exc):
         return
-    if not ctl.enabled or ctl.busy or threading.get_ident() != ctl.main_thread:
+    if threading.get_ident() != ctl.main_thread:
+        return
+    if not ctl.enabled or ctl.busy:
+        _note(ctl, exc, "sojourn was " + ("busy (a pause, check or scan was under way)" if ctl.busy else "not running"))
         return
     if header and not _raised_by_next(tm, sid, frame, exc):
         return
@@ -230,10 +233,14 @@ def _attempt(ctl: PauseController, tm: TransformedModule, sid: int, frame: types
     finally:
         threading.stack_size(stack)
     where = pos.records[-1].where
+    # A statement further in declined first: say why, so a capsule positioned further out
+    # than the allocation that failed is explained (it costs re-running the outer statement).
+    inner = ctl.oom_notes.pop(id(exc), None)
+    declined = f" (a statement further in declined: {inner})" if inner else ""
     ctl.landed(event, EXIT_OOM,
                f"out of memory at {where} ({summary}); capsule {event.capsule} ({event.size} bytes, written in "
                f"{event.seconds_capture * 1e3:.0f} ms) is positioned before that statement, which runs again on "
-               "resume: resume it with more memory to carry on")
+               f"resume: resume it with more memory to carry on{declined}")
 
 
 def _note(ctl: PauseController, exc: BaseException, why: str) -> None:
