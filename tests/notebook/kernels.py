@@ -7,12 +7,12 @@ from typing import Any
 
 
 class Kernel:
-    def __init__(self, pids: Any, **env: str):
+    def __init__(self, pids: Any, *, kernel: str = "sojourn", **env: str):
         from jupyter_client.manager import KernelManager
 
         self.pids = pids
         self.closed = False
-        self.km = KernelManager(kernel_name="sojourn")
+        self.km = KernelManager(kernel_name=kernel)
         self.km.start_kernel(env={**os.environ, **env})
         self.pids.add(self.km)
         self.kc = self.km.client()

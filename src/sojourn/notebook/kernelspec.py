@@ -13,10 +13,15 @@ PROVISIONER = "sojourn-provisioner"
 
 
 def spec(*, python: str | None = None, machine: str = "local", repo: str | None = None,
-         autosave: bool = False, display_name: str = "Python 3 (sojourn)") -> dict[str, Any]:
+         autosave: bool = False, display_name: str = "Python 3 (sojourn)", standby: int = 0,
+         standby_preload: list[str] | None = None) -> dict[str, Any]:
     config: dict[str, Any] = {"machine": machine, "autosave": autosave}
     if repo:
         config["repo"] = repo
+    if standby:  # warm standby kernels (docs/notebooks.md)
+        config["standby"] = standby
+    if standby_preload:
+        config["standby_preload"] = list(standby_preload)
     return {
         "argv": [python or sys.executable, "-m", "sojourn.notebook.launcher", "-f", "{connection_file}"],
         "display_name": display_name,

@@ -10,7 +10,9 @@ An ipykernel with three differences:
   is reported and this process exits: the source keeps running;
 * with ``$SOJOURN_RESUME`` (a workspace or capsule) it starts from that workspace's last
   capsule: a notebook opened again, a fork opened in its own kernel;
-* the sojourn extension is loaded, so the kernel is a workspace from its first cell.
+* the sojourn extension is loaded, so the kernel is a workspace from its first cell;
+* as a warm standby (``$SOJOURN_STANDBY_FD``, ``standby.py``) it imports all that first and
+  waits to be claimed by a launch, then continues as that launch.
 
 The restored namespace is handed to IPython as its ``user_ns`` (never copied: restored
 functions use that very dict as their globals), then IPython's history is put back.
@@ -54,9 +56,57 @@ def _restore(plan: dict[str, Any], prefetch: Any = None) -> tuple[dict[str, Any]
     return ns, st, list(restored.notes), time.perf_counter() - t0, parts
 
 
+def _wait_as_standby(fd: int) -> dict[str, Any]:
+    """A warm standby (``notebook/standby.py``): import what a kernel needs, say ready, wait
+    for a launch to claim this process, then become that launch (its argv, environment and
+    working directory). The channel closing (the provisioner or its process is gone) ends it."""
+    import socket
+
+    from sojourn.notebook import control
+
+    ch = control.Channel(socket.socket(fileno=fd))
+    import ipykernel.kernelapp  # noqa: F401
+
+    from sojourn.capsule import restore  # noqa: F401
+    from sojourn.notebook.handover import preload
+
+    names = [n for n in os.environ.get("SOJOURN_PRELOAD", "").split(",") if n]
+    preload(names)
+    ready = time.time()
+    try:
+        ch.send({"op": "ready"})
+        job = ch.recv(timeout=None)["assign"]
+    except (EOFError, OSError, KeyError, ValueError):
+        os._exit(0)  # nobody will claim this standby
+    claimed = time.time()
+    ch.close()
+    start_dir = os.getcwd()
+    os.chdir(job["cwd"])
+    if sys.path and sys.path[0] == start_dir:  # ``-m`` put the standby's directory there
+        sys.path[0] = os.getcwd()
+    os.environ.clear()
+    os.environ.update(job["env"])
+    sys.argv[1:] = list(job["argv"])
+    return {"pid": os.getpid(), "preloaded": names, "launch": float(job["t"]),
+            "timeline": [("standby ready", ready), ("launch", float(job["t"])), ("claimed", claimed)]}
+
+
+def _standby_note(standby: dict[str, Any], timeline: list[tuple[str, float]]) -> str:
+    t0 = standby["launch"]
+    steps = ", ".join(f"{name} {t - t0:+.2f}" for name, t in sorted(timeline, key=lambda x: x[1])
+                      if name != "spawned")
+    return (f"this kernel is a warm standby that the launch claimed (pid {standby['pid']}, preloaded: "
+            f"{', '.join(standby['preloaded']) or 'ipykernel only'}); timeline from the launch: {steps}")
+
+
 def main() -> None:
     from sojourn.notebook import control
 
+    fd = os.environ.pop("SOJOURN_STANDBY_FD", None)
+    standby = None
+    if fd:
+        _limit_memory()  # the machine's limit from the start, as for any kernel
+        standby = _wait_as_standby(int(fd))
     _limit_memory()
     token = os.environ.pop("SOJOURN_HANDOFF", None)
     resume = os.environ.pop("SOJOURN_RESUME", None)
@@ -68,6 +118,9 @@ def main() -> None:
     spawned = os.environ.pop("SOJOURN_SPAWNED", None)
     if spawned:  # set by the provisioner: the interpreter's own start-up shows in the timeline
         info["timeline"].insert(0, ("spawned", float(spawned)))
+    if standby is not None:
+        info["timeline"][:0] = standby["timeline"]
+        info["standby"] = standby
     prefetch = None
     ns: dict[str, Any] | None = None
     st = None
@@ -132,6 +185,8 @@ def main() -> None:
         except EOFError:
             sys.exit(0)  # the move was called off: the source runs on
         info["timeline"].append(("go", time.time()))
+    if standby is not None:
+        info["notes"].append(_standby_note(standby, [*info["timeline"], ("kernel starts", time.time())]))
     _start_kernel(ns, st, plan, handoff, info)
 
 
@@ -184,6 +239,10 @@ def _start_kernel(ns: dict[str, Any] | None, st: Any, plan: dict[str, Any] | Non
     if hasattr(app.kernel, "shell_main"):  # ipykernel 7: know every request a move must hand over
         handover.track_requests(app.kernel)
     ctl = magics.install(shell, session, notes)
+    if os.environ.get("SOJOURN_STANDBY_LEARN"):  # the provisioner's standbys preload what kernels import
+        from sojourn.notebook.standby import report_libraries
+
+        report_libraries(shell)
     if plan is not None:
         ctl.autosave.head = plan["capsule"]
     if handoff is not None:  # the kernel's own settings go with it

@@ -16,6 +16,9 @@ Unix socket the kernel finds in ``$SOJOURN_KERNEL_CONTROL``) on which a kernel a
 The restarter polls ``poll()`` every few seconds: it only ever sees the destination, which
 was swapped in while the source was still alive, so a move never looks like a death.
 
+With ``standby`` > 0 a launch (and a move's destination) takes a warm standby process when
+one matches (``standby.py``): the pool lives in this process, shared by its provisioners.
+
 Registered under the ``jupyter_client.kernel_provisioners`` entry point as
 ``sojourn-provisioner``; the ``sojourn`` kernelspec names it in its metadata, with
 ``config`` keys that become this class's traits (machine, repo, autosave).
@@ -37,9 +40,10 @@ from typing import Any
 
 from jupyter_client.launcher import launch_kernel
 from jupyter_client.provisioning import LocalProvisioner
-from traitlets import Bool, Unicode
+from traitlets import Bool, Float, Int, List, Unicode
 
 from sojourn.notebook import control
+from sojourn.notebook import standby as warm
 from sojourn.notebook.prefetch import ENV as PREFETCH_ENV
 
 
@@ -60,8 +64,17 @@ class SojournProvisioner(LocalProvisioner):  # type: ignore[misc]
     resume_on = Unicode("", config=True, help="the machine a suspended kernel resumes on (default: its last)")
     resume = Unicode("", config=True, help="a workspace (or capsule) a new kernel starts from; 'notebook': "
                      "the suspended workspace of the notebook, when there is one")
+    standby = Int(0, config=True, help="warm standby kernels kept ready for launches like this one "
+                  "(env SOJOURN_STANDBY overrides; 0: none). Each costs a process with its libraries "
+                  "imported (with torch: ~230 MB)")
+    standby_preload = List(Unicode(), config=True, help="libraries a standby imports (env "
+                           "SOJOURN_STANDBY_PRELOAD, comma-separated); empty: learned from the last "
+                           "kernel's imports and from capsules being resumed")
+    standby_delay = Float(1.0, config=True, help="seconds after a launch before its replacement standby "
+                          "starts (the new kernel gets the CPU first; env SOJOURN_STANDBY_DELAY)")
 
     _server: control.Server | None = None
+    _standby_key_used: warm.Key | None = None  # the pool key of this kernel's launches
     _dir: str | None = None
 
     # -- launch ---------------------------------------------------------------------------------
@@ -86,10 +99,89 @@ class SojournProvisioner(LocalProvisioner):  # type: ignore[misc]
                            ("SOJOURN_RESUME", self.resume)):
             if value:
                 env.setdefault(key, value)
+        if self._standby_count(env) > 0 and not self._standby_preload(env):
+            env["SOJOURN_STANDBY_LEARN"] = "1"  # the kernel tells which libraries it imported
         kwargs["env"] = env
         self._cmd = list(kwargs["cmd"])
         self._launch = {k: v for k, v in kwargs.items() if k != "cmd"}
         return kwargs
+
+    # -- warm standbys (standby.py) --------------------------------------------------------------
+
+    def _standby_count(self, env: dict[str, str]) -> int:
+        text = env.get("SOJOURN_STANDBY", "").strip()
+        try:
+            return int(text) if text else int(self.standby)
+        except ValueError:
+            return int(self.standby)
+
+    def _standby_preload(self, env: dict[str, str]) -> tuple[str, ...]:
+        text = env.get("SOJOURN_STANDBY_PRELOAD", "")
+        return tuple(self.standby_preload) or tuple(n.strip() for n in text.split(",") if n.strip())
+
+    def _standby_delay(self, env: dict[str, str]) -> float:
+        try:
+            return float(env.get("SOJOURN_STANDBY_DELAY") or self.standby_delay)
+        except ValueError:
+            return float(self.standby_delay)
+
+    def _standby_key(self, python: str, env: dict[str, str], memory: str, machine: str) -> warm.Key:
+        return warm.Key(python, memory, machine, self._standby_preload(env) or None, warm.env_key(env))
+
+    async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> Any:
+        proc = self._claim_for_launch(cmd, kwargs)
+        if proc is None:
+            return await super().launch_kernel(cmd, **kwargs)
+        self.process, self.pid = proc, proc.pid
+        try:
+            self.pgid = os.getpgid(proc.pid)
+        except OSError:
+            self.pgid = None
+        self.cwd = kwargs.get("cwd") or os.getcwd()
+        return self.connection_info
+
+    def _claim_for_launch(self, cmd: list[str], kwargs: dict[str, Any]) -> subprocess.Popen[bytes] | None:
+        """A standby that becomes this launch's kernel, or None (then it starts as always).
+        Either way the pool is (re)filled for the next launch like this one."""
+        t = time.time()
+        env = dict(kwargs.get("env") or os.environ)
+        count = self._standby_count(env)
+        if count <= 0 or cmd[1:3] != warm.LAUNCHER or kwargs.get("independent") or any(
+                kwargs.get(k) is not None for k in ("stdin", "stdout", "stderr")):
+            return None  # not the sojourn launcher, or streams a standby was not started with
+        key = self._standby_key(cmd[0], env, env.get("SOJOURN_MEMORY", ""), env.get("SOJOURN_MACHINE", self.machine))
+        pool = warm.pool()
+        base = {k: v for k, v in env.items() if not k.startswith("JPY_") and k not in warm.PER_LAUNCH}
+        pool.use(key, id(self), count, {"env": base, "popen": {}})
+        self._standby_key_used = key
+        cwd = str(kwargs.get("cwd") or os.getcwd())
+        s = pool.claim(key, cwd)
+        if env.get("SOJOURN_RESUME") and key.preload is None:  # the next one preloads this capsule's libraries
+            libs = warm.capsule_libraries(env.get("SOJOURN_REPO") or None, env["SOJOURN_RESUME"],
+                                          env.get("JPY_SESSION_NAME") or None)
+            if libs:
+                pool.learn(key, sorted({*pool.preload_for(key), *libs}), self._standby_delay(env))
+        pool.fill(key, self._standby_delay(env))
+        if s is None:
+            return None
+        env["JPY_PARENT_PID"] = str(os.getpid())  # what launch_kernel sets for a kernel it starts
+        return s.proc if warm.assign(s, list(cmd[3:]), env, cwd, t) else None
+
+    def _claim_for_spawn(self, cmd: list[str], env: dict[str, str], kw: dict[str, Any],
+                         memory: int | None, machine: str) -> subprocess.Popen[bytes] | None:
+        """A move's (or resume's) destination from the standbys of a launch key in use."""
+        if cmd[1:3] != warm.LAUNCHER or self._standby_count(env) <= 0 or any(
+                kw.get(k) is not None for k in ("stdin", "stdout", "stderr")):
+            return None
+        key = self._standby_key(cmd[0], env, str(memory or ""), machine)
+        pool = warm.pool()
+        cwd = str(kw.get("cwd") or os.getcwd())
+        s = pool.claim(key, cwd)
+        pool.fill(key, self._standby_delay(env))  # only a key some launch uses is kept warm
+        if s is None:
+            return None
+        env = {**env, "JPY_PARENT_PID": str(os.getpid())}
+        return s.proc if warm.assign(s, list(cmd[3:]), env, cwd, time.time()) else None
 
     def _spawn(self, python: str, memory: int | None, machine: str, token: str,
                preload: list[str], stand_in: bool = False, prefetch: Any = None) -> subprocess.Popen[bytes]:
@@ -110,7 +202,9 @@ class SojournProvisioner(LocalProvisioner):  # type: ignore[misc]
         if memory:
             env["SOJOURN_MEMORY"] = str(memory)
         kw["env"] = env
-        proc: subprocess.Popen[bytes] = launch_kernel(cmd, **kw)
+        proc = None if stand_in else self._claim_for_spawn(cmd, env, kw, memory, machine)
+        if proc is None:
+            proc = launch_kernel(cmd, **kw)
         with self._lock:
             self._pending.add(proc)
         return proc
@@ -137,6 +231,10 @@ class SojournProvisioner(LocalProvisioner):  # type: ignore[misc]
                 ch.send({"status": "failed", "error": "this kernel is not suspended"})
                 return
             self._relocate(ch, held["target"], plan=held["plan"]["plan"], stand_in=False)
+        elif op == "libraries":  # what the kernel imported: the next standbys preload it
+            key = self._standby_key_used
+            if key is not None:
+                warm.pool().learn(key, [str(n) for n in msg.get("names") or []])
         elif op == "hello":
             slot = self._slots.get(str(msg.get("token")))
             if slot is None:
@@ -247,6 +345,9 @@ class SojournProvisioner(LocalProvisioner):  # type: ignore[misc]
 
     async def cleanup(self, restart: bool = False) -> None:
         self._close_control()
+        if not restart and self._standby_key_used is not None:
+            self._standby_key_used = None
+            warm.pool().release(id(self))  # the last kernel of a key takes its standbys along
         await super().cleanup(restart)
 
     def _close_control(self) -> None:
