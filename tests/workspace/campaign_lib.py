@@ -150,12 +150,6 @@ class Bench:
         self.procs.append((p, args[0], out))
         return p
 
-    def terminal(self, p: subprocess.Popen[bytes]) -> str:
-        for q, _, out in self.procs:
-            if q is p:
-                return Path(f"{out}.out").read_text(errors="replace")
-        return ""
-
     def stderr(self, p: subprocess.Popen[bytes]) -> str:
         for q, _, out in self.procs:
             if q is p:

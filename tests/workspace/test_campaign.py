@@ -15,8 +15,9 @@ only when it failed with no capsule at all) until the script finished. Then the 
   the session the record names, each allocation starting exactly where the capsule it
   resumed from stopped, that capsule being the last verified one; a statement runs again
   only after a session was killed while it ran (then from its last good capsule);
-* ``sojourn logs`` equals the steps' output (an unmoved run), except the output a killed
-  supervisor had read but not logged (docs/workspaces.md, Crashes);
+* ``sojourn logs`` equals the steps' output (an unmoved run), whichever supervisor was
+  killed (docs/workspaces.md, Logs); only a session killed between a step's write and its
+  print loses that step's line;
 * ``sojourn show`` names every stop reason and every move outcome;
 * no process of the trial is left.
 

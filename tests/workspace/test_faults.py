@@ -92,8 +92,8 @@ def test_source_killed_at_each_step(mv: Mover, fault: str) -> None:
     res = mv.move(ws)
     rec = settled(mv, ws)
     assert rec["epoch"] >= 1
-    _, terminal, _ = finish(run)
-    final = mv.check_final(ws, terminal)
+    finish(run)
+    final = mv.check_final(ws)
     shown = mv.sh.cli("show", ws)
     assert shown.returncode == 0 and "move" in shown.stdout
     assert moves_of(final) or any(e["type"] == "request" and e.get("move") for e in final["events"]), res.stderr
@@ -141,8 +141,8 @@ def test_abort_then_the_source_killed(mv: Mover) -> None:
     rec = mv.wait_end(ws)  # its session checks the capsule, records it, and ends
     assert rec["state"] == "suspended" and rec["epoch"] == 2, rec["detail"]
     assert rec["last_capsule"]["reason"] == "move" and outcome_of(rec) == "aborted"
-    _, terminal, _ = finish(run)
-    mv.check_final(ws, terminal)
+    finish(run)
+    mv.check_final(ws)
 
 
 @pytest.mark.parametrize("who", ["source-supervisor", "source-session", "destination", "destination-session",
@@ -165,8 +165,8 @@ def test_kill_minus_9_from_outside(mv: Mover, who: str) -> None:
     mv.go(point)  # let the others on (the killed one never reads it)
     cli.communicate(timeout=180)
     settled(mv, ws)
-    _, terminal, _ = finish(run)
-    final = mv.check_final(ws, terminal)
+    finish(run)
+    final = mv.check_final(ws)
     assert moves_of(final) or final["allocations"][0]["stop_reason"] != "finished"
 
 

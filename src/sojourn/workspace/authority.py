@@ -73,6 +73,13 @@ def reap(store: WorkspaceStore, rec: R.WorkspaceRecord, *, by: str = "sojourn") 
         epoch = take(store, rec, holder, f"{gone_holder} is gone (noticed by {by})")
     except WorkspaceError:
         return store.record(rec.id)  # another reader is recording it
+    if a is not None:  # what its session wrote and its dead supervisor had not logged (logs.py)
+        from sojourn.workspace.logs import log_rest
+
+        try:
+            log_rest(store.backend, rec.id, a.id, base=a.output)
+        except Exception as e:  # the stop must be recorded all the same
+            print(f"sojourn: the rest of the output of {a.id} could not be logged: {e}", file=sys.stderr)
     cap = rec.last_capsule.id if rec.last_capsule else None
     # A taker that died before it started anything leaves the workspace where it was.
     ran = a is not None

@@ -99,7 +99,7 @@ class Incoming:
                     raise SojournError(f"the session ended while {what}: {m.get('error') or ''} "
                                        f"{m.get('message') or ''}".strip())
             elif self.sup._done.is_set():
-                tail = self.sup.stderr_tail.decode(errors="replace").strip().splitlines()
+                tail = self.sup.output.stderr_tail.decode(errors="replace").strip().splitlines()
                 raise SojournError(f"the session ended while {what}" + (f": {tail[-1]}" if tail else ""))
             if time.monotonic() > t_end:
                 raise SojournError(f"timed out after {timeout:.0f} s {what}")
@@ -201,7 +201,8 @@ class Incoming:
                            {"type": "started", "allocation": s.allocation, "session_pid": started.get("pid"),
                             "session_pid_start": started.get("pid_start"),
                             "python_version": started.get("python_version"), "python": started.get("python_version"),
-                            "arch": started.get("arch"), "platform": started.get("platform")})
+                            "arch": started.get("arch"), "platform": started.get("platform"),
+                            "output": started.get("output")})
         fault("move.dest.after-events")
         sup.committed = True
         sup._control({"op": "go", "epoch": new})

@@ -418,7 +418,7 @@ def _wait_capsule(sup: Supervisor, move: str, timeout: float) -> dict[str, Any] 
 
 
 def decide_alone(repo_url: str, ws: str, epoch: int, al: str, move: str, msg: dict[str, Any],
-                 timeout: float | None, spill: str | None) -> None:
+                 timeout: float | None) -> None:
     """The session held for a move lost its supervisor: settle the move itself, record the
     outcome, and return (the caller then exits: with no supervisor it does not run on)."""
     from sojourn.repository.repo import open_repository
@@ -432,12 +432,15 @@ def decide_alone(repo_url: str, ws: str, epoch: int, al: str, move: str, msg: di
         v = await_verdict(store, ws, epoch, al, move, dest, timeout=verify_timeout(int(msg.get("size", 0)), timeout),
                           capsule=None)
         if v.outcome == "commit":
+            from sojourn.workspace.orphan import log_the_rest
+
+            log_the_rest(repo, ws, al)  # the source's output its supervisor had not logged
             store.append(ws, epoch, al, *moved_events(al, msg, v, move))
             return
         if v.outcome == "lost" and v.doc.get("holder") == al:  # our supervisor aborted, then died
             v = Verdict("abort", v.epoch, v.why, v.doc)
     if v.outcome == "abort":
-        record_orphan_pause(repo_url, ws, al, v.epoch, {**msg, "action": "exit"}, spill)
+        record_orphan_pause(repo_url, ws, al, v.epoch, {**msg, "action": "exit"})
 
 
 if __name__ == "__main__":  # the destination's entry point moved to incoming.py; this name still works

@@ -1,8 +1,9 @@
 """A session whose supervisor died records its own pause.
 
 Called in the session process, after its capsule is written and before it exits: the output
-since the supervisor died (kept in a spill file) becomes the allocation's last log piece, the
-capsule gets its write check, and the ``capsule`` and ``stopped`` events are appended under
+its supervisor had not logged (the rest of the session's output files beyond the offsets the
+allocation's pieces end at, logs.py) becomes the allocation's last log pieces, the capsule
+gets its write check, and the ``capsule`` and ``stopped`` events are appended under
 the allocation's epoch (so they are void if someone else took the workspace meanwhile).
 """
 
@@ -15,26 +16,19 @@ from typing import Any
 from sojourn.repository.repo import open_repository
 from sojourn.workspace import records as R
 from sojourn.workspace.capsules import verify_capsule
-from sojourn.workspace.logs import LogWriter, next_free_seq
+from sojourn.workspace.logs import log_rest
 from sojourn.workspace.store import WorkspaceStore
 
 
-def _log_spill(repo: Any, ws: str, al: str, spill: str | None) -> None:
-    """The output since the supervisor died becomes the allocation's last log pieces."""
-    if not spill:
-        return
-    log = LogWriter(repo.backend, ws, al, first_seq=next_free_seq(repo.backend, ws, al))
-    sys.stdout.flush()
-    sys.stderr.flush()
-    for stream, suffix in (("stdout", ".out"), ("stderr", ".err")):
-        for part in (suffix + ".0", suffix):  # what the pipe held, then what came after
-            try:
-                with open(spill + part, "rb") as f:
-                    log.write(stream, f.read())
-                os.unlink(spill + part)
-            except OSError:
-                pass
-    log.flush()
+def log_the_rest(repo: Any, ws: str, al: str) -> None:
+    """What the session wrote and its supervisor had not logged becomes the allocation's
+    last log pieces (this process's own buffered output first goes into its files)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    log_rest(repo.backend, ws, al)
 
 
 def _started_unless_recorded(rec: R.WorkspaceRecord, al: str) -> list[dict[str, Any]]:
@@ -46,16 +40,17 @@ def _started_unless_recorded(rec: R.WorkspaceRecord, al: str) -> list[dict[str, 
     import platform
 
     from sojourn.procs import process_start
+    from sojourn.workspace.logs import output_base
 
-    return [{"type": "started", "allocation": al, "session_pid": os.getpid(),
+    return [{"type": "started", "allocation": al, "session_pid": os.getpid(), "output": output_base(rec.id, al),
              "session_pid_start": process_start(os.getpid()), "python_version": platform.python_version(),
              "python": platform.python_version(), "arch": platform.machine(), "platform": sys.platform}]
 
 
-def record_orphan_pause(repo_url: str, ws: str, al: str, epoch: int, msg: dict[str, Any], spill: str | None) -> None:
+def record_orphan_pause(repo_url: str, ws: str, al: str, epoch: int, msg: dict[str, Any]) -> None:
     with open_repository(repo_url) as repo:
         store = WorkspaceStore(repo)
-        _log_spill(repo, ws, al, spill)
+        log_the_rest(repo, ws, al)
         error = verify_capsule(repo_url, msg["capsule"], python=sys.executable, cwd=os.getcwd())
         entry = R.CapsuleEntry(id=msg["capsule"], parent=msg.get("parent"), reason=str(msg.get("reason")),
                                where=str(msg.get("where", "")), size=int(msg.get("size", 0)), time=R.now(),
@@ -74,7 +69,7 @@ def record_orphan_pause(repo_url: str, ws: str, al: str, epoch: int, msg: dict[s
         store.record(ws)
 
 
-def record_orphan_exit(repo_url: str, ws: str, al: str, epoch: int, msg: dict[str, Any], spill: str | None) -> None:
+def record_orphan_exit(repo_url: str, ws: str, al: str, epoch: int, msg: dict[str, Any]) -> None:
     """The program ended (``msg``: the session's ``exit`` report) after its supervisor died and
     before the orphan's pause could land: record the allocation's end as the supervisor
     would have (finished, or failed on the last good capsule)."""
@@ -89,7 +84,7 @@ def record_orphan_exit(repo_url: str, ws: str, al: str, epoch: int, msg: dict[st
         reason, what = "failed", f"exit code {code}"
     with open_repository(repo_url) as repo:
         store = WorkspaceStore(repo)
-        _log_spill(repo, ws, al, spill)
+        log_the_rest(repo, ws, al)
         rec = store.record(ws, save=False)
         standing = rec.last_capsule.id if rec.last_capsule else None
         store.append(ws, epoch, al, *_started_unless_recorded(rec, al),

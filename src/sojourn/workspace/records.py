@@ -88,6 +88,7 @@ class Allocation:
     scratch: str | None = None
     hard_stop: float | None = None
     handle: dict[str, Any] | None = None
+    output: str | None = None  # its session's output files on its host, less ".out"/".err" (logs.py)
 
     @property
     def open(self) -> bool:
@@ -267,6 +268,8 @@ def _started(rec: WorkspaceRecord, ev: dict[str, Any]) -> None:
     a.session_pid = ev.get("session_pid")
     a.session_pid_start = ev.get("session_pid_start")
     a.python_version = ev.get("python_version")
+    if ev.get("output"):
+        a.output = str(ev["output"])
     for key in ("python", "arch", "platform"):
         if ev.get(key):
             rec.requirements[key] = ev[key]

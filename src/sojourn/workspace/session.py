@@ -10,10 +10,12 @@ workspace asked for, and talks to its supervisor over two pipes of JSON lines:
 * control (supervisor → session): ``pause`` (reason, deadline, what to do at the deadline)
   and ``status``.
 
-Signals keep working as the engine sets them (SIGTERM and SIGUSR1 pause). When the
-supervisor dies (the control pipe ends), the session sends its output to a spill file and
-pauses itself; it then records its capsule in the workspace on its own, so a killed
-``sojourn run`` leaves a suspended workspace, not a lost one.
+Its stdout and stderr are files on this machine that the supervisor tails (logs.py), so its
+writes never fail and nothing it writes is lost, whoever dies. Signals keep working as the
+engine sets them (SIGTERM and SIGUSR1 pause). When the supervisor dies (the control pipe
+ends), the session pauses itself; it then records its capsule, and the output its
+supervisor had not logged, in the workspace on its own, so a killed ``sojourn run`` leaves
+a suspended workspace, not a lost one.
 """
 
 from __future__ import annotations
@@ -70,11 +72,8 @@ class Channel:
         self.ns = ns
         self.status_fd: int | None = ns.status_fd
         self.control_fd: int | None = ns.control_fd
-        self.output_fds = [int(x) for x in ns.output_fds.split(",")] if ns.output_fds else []
         self.lock = threading.Lock()
         self.orphan = False
-        self.spill: str | None = None
-        self.spill_lock = threading.Lock()
         # Moves (migrate.py): control messages the main thread waits for (a verdict while held
         # at a boundary, the capsule and the go of an incoming session), the move being held,
         # and the labels dict the engine stamps on capsules (its epoch changes with a move).
@@ -88,7 +87,7 @@ class Channel:
         self.restore_usage: tuple[float, Any] | None = None  # (perf_counter, rusage) at the restore's start
         self.held_signals: list[str] = []  # pause signals that came while held for a move
         self.label: dict[str, Any] = {}
-        for fd in (self.status_fd, self.control_fd, *self.output_fds):
+        for fd in (self.status_fd, self.control_fd):
             if fd is not None:
                 os.set_inheritable(fd, False)  # not into the program's own subprocesses
 
@@ -148,7 +147,10 @@ class Channel:
                 from sojourn.workspace.migrate import decide_alone
 
                 decide_alone(self.ns.repo, self.ns.workspace, int(self.ns.epoch), self.ns.allocation, move, msg,
-                             self.hold_timeout, self.spill)
+                             self.hold_timeout)
+                from sojourn.workspace.logs import remove_output
+
+                remove_output(self.ns.workspace, self.ns.allocation)  # logged, or the workspace is another's
             except Exception as e:
                 print(f"sojourn: move {move}: the held session could not settle it: {e}", file=sys.stderr)
             exit_now(EXIT_HELD)
@@ -244,6 +246,9 @@ class Channel:
                     from sojourn.workspace.faults import fault
 
                     fault("session.settle-unstarted")  # a test hook
+                    from sojourn.workspace.logs import remove_output
+
+                    remove_output(self.ns.workspace, self.ns.allocation)  # it never held the workspace: not logged
                     if self.restored:
                         try:
                             from sojourn.workspace.incoming import settle_unstarted
@@ -298,49 +303,17 @@ class Channel:
                 time.sleep(0.05)
 
     def _supervisor_lost(self) -> None:
-        """Nobody reads our output or records our state any more: keep the output in a spill
-        file and pause, so the workspace ends suspended rather than lost."""
+        """Nobody records our state any more: pause, so the workspace ends suspended rather
+        than lost (the output stays in the files until the orphan logs it)."""
         from sojourn.workspace.faults import fault
 
         self.orphan = True
         fault("session.orphaned")  # a test hook: the program may run on (and end) before the pause is asked
-        self._spill()
         if self.holding or self.hold_move is not None:
             self.waits.put({"op": "eof"})  # held for a move: the main thread settles it
             if self.holding:
                 return
         self._request("supervisor lost", None, "exit", "continue")
-
-    def _spill(self) -> None:
-        """From here on the program's output goes to a spill file (what it wrote before and
-        nobody read is still in the pipes, whose read ends we hold: it goes first). Once, from
-        whichever thread finds the supervisor gone first."""
-        with self.spill_lock:
-            if self.spill is not None:
-                return
-            try:
-                from sojourn.repository.repo import sojourn_home
-
-                spill_dir = sojourn_home() / "spill"
-                spill_dir.mkdir(parents=True, exist_ok=True)
-                self.spill = str(spill_dir / f"{self.ns.workspace}.{self.ns.allocation}")
-                for target, suffix in ((1, ".out"), (2, ".err")):
-                    fd = os.open(self.spill + suffix, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-                    os.dup2(fd, target)  # from here on the program writes to the spill file
-                    os.close(fd)
-                for r, suffix in zip(self.output_fds, (".out", ".err"), strict=False):
-                    os.set_blocking(r, False)
-                    with open(self.spill + suffix + ".0", "ab") as f:
-                        while True:
-                            try:
-                                chunk = os.read(r, 1 << 16)
-                            except BlockingIOError:
-                                break
-                            if not chunk:
-                                break
-                            f.write(chunk)
-            except OSError:
-                pass
 
     def report_exit(self, msg: dict[str, Any]) -> None:
         """Tell the supervisor how the program ended. When it is gone (it died while the
@@ -350,17 +323,10 @@ class Channel:
         if self.send(msg) or not self.ns.workspace or self.incoming:
             return
         self.orphan = True
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()  # into the pipe, which the spill drains next
-            except Exception:
-                pass
-        self._spill()
         try:
             from sojourn.workspace.orphan import record_orphan_exit
 
-            record_orphan_exit(self.ns.repo, self.ns.workspace, self.ns.allocation, int(self.ns.epoch), msg,
-                               self.spill)
+            record_orphan_exit(self.ns.repo, self.ns.workspace, self.ns.allocation, int(self.ns.epoch), msg)
         except Exception as e:
             print(f"sojourn: could not record the end of the program in workspace {self.ns.workspace}: {e}",
                   file=sys.stderr)
@@ -372,8 +338,7 @@ class Channel:
         try:
             from sojourn.workspace.orphan import record_orphan_pause
 
-            record_orphan_pause(self.ns.repo, self.ns.workspace, self.ns.allocation, int(self.ns.epoch),
-                                msg, self.spill)
+            record_orphan_pause(self.ns.repo, self.ns.workspace, self.ns.allocation, int(self.ns.epoch), msg)
         except Exception as e:
             print(f"sojourn: could not record the capsule in workspace {self.ns.workspace}: {e}", file=sys.stderr)
 
@@ -408,7 +373,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epoch", type=int, default=0)
     parser.add_argument("--status-fd", type=int, default=None)
     parser.add_argument("--control-fd", type=int, default=None)
-    parser.add_argument("--output-fds", default="", help="read ends of this process's stdout,stderr pipes")
     parser.add_argument("--memory", type=int, default=None, help="memory limit in bytes")
     parser.add_argument("--scan-interval", type=float, default=600.0)
     parser.add_argument("--cpus", type=int, default=None, help="CPUs the session may use")

@@ -5,8 +5,10 @@ It runs outside the program (in the ``sojourn run`` / ``sojourn resume`` process
 survives the program: a crash, an out-of-memory error, ``kill -9`` of the session, all end in
 a ``stopped`` event that says what happened. Threads:
 
-* the pump reads the session's stdout, stderr and status pipes: output goes to the terminal
-  (``on_output``) and, byte for byte, to the workspace log; status messages become events;
+* the pump tails the session's stdout and stderr, which are files on this machine (so that
+  no output is lost when the supervisor dies, see logs.py), and reads its status pipe: output
+  goes to the terminal (``on_output``) and, byte for byte, to the workspace log; status
+  messages become events;
 * the watcher polls the repository for pause requests (``request.<ws>.<epoch>.<n>``, written
   by ``sojourn suspend`` from any host), hands them to the session over the control pipe,
   reports what a pending pause waits for, writes log pieces, and checks that this allocation
@@ -20,13 +22,12 @@ from __future__ import annotations
 import json
 import os
 import queue
-import selectors
+import select
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,16 +36,19 @@ from sojourn.workspace import records as R
 from sojourn.workspace.capsules import capsule_facts, child_env, verify_capsule
 from sojourn.workspace.files import files_event_of
 from sojourn.workspace.liveness import process_start
-from sojourn.workspace.logs import LogWriter
+from sojourn.workspace.logs import LogWriter, output_base
 from sojourn.workspace.machine import spend
+from sojourn.workspace.output import OutputCallback, OutputFiles
 from sojourn.workspace.store import WorkspaceStore
 
 EXIT_PAUSED = 75  # the program paused and its capsule passed the write check
 EXIT_PAUSE_FAILED = 76  # a pause was taken but its capsule failed the check, or none could be taken
 EXIT_OOM = 77  # the program ran out of memory (`sojourn show` says whether a capsule was taken)
 
-OutputCallback = Callable[[str, bytes], None]
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
+# How often the pump reads the output files when the status pipe is quiet: every 25 ms while
+# the program writes, backing off to 100 ms while it does not (an idle session costs little).
+TAIL_INTERVAL, TAIL_IDLE = 0.025, 0.1
 
 
 @dataclass
@@ -95,14 +99,13 @@ class Supervisor:
         self.spec = spec
         self.on_output = on_output
         self.repo_url = store.repo.url
-        self.log = LogWriter(store.backend, spec.workspace, spec.allocation, interval=log_interval)
+        self.log = LogWriter(store.backend, spec.workspace, spec.allocation, interval=log_interval, ends=(0, 0))
         remote = type(store.backend).__name__ == "S3Backend"
         self.poll_interval = poll_interval if poll_interval is not None else (1.0 if remote else 0.1)
         self.proc: subprocess.Popen[bytes] | None = None
         self._ctl_w: int | None = None
         self._status_r: int | None = None
-        self._out_r: int | None = None
-        self._err_r: int | None = None
+        self.output = OutputFiles(spec.workspace, spec.allocation)  # read as they grow
         self._done = threading.Event()
         self._lock = threading.Lock()
         self.capsule_msg: dict[str, Any] | None = None
@@ -112,7 +115,6 @@ class Supervisor:
         self.pending: dict[str, Any] | None = None
         self.lost_authority: str | None = None
         self.started = False
-        self.stderr_tail = b""
         self.t0 = time.time()  # for the spend
         self.hard_stopped: str | None = None  # what the watchdog did, once it fired
         self.notices: notices.Watcher | None = None  # issue 6: preemption notices (see _on_notice)
@@ -156,7 +158,7 @@ class Supervisor:
         self.proc.returncode = rc
         max_rss = int(usage.ru_maxrss * (1 if sys.platform == "darwin" else 1024))
         self._done.set()
-        pump.join(timeout=3.0)  # a grandchild that kept the pipes open must not hold us here
+        pump.join(timeout=30.0)  # bounded: the status pipe is given 2 s, then the files are read to their end
         watch.join(timeout=5.0)
         while watch.is_alive() and (self.moving is not None or (not self.committed and self.discarded is None)):
             watch.join(timeout=0.5)  # a move settles its verdict even when the session is gone
@@ -165,6 +167,8 @@ class Supervisor:
             t.join()
         if self.discarded is None and self.committed:
             self.log.flush()
+        # Logged (or, for a move's destination that never held the workspace, not to be).
+        self.output.remove()
         outcome = self._finish(rc, max_rss)
         if self.notices is not None:  # issue 6: acknowledged (Azure) once the capsule is durable
             self.notices.stop()
@@ -174,11 +178,17 @@ class Supervisor:
         s = self.spec
         ctl_r, ctl_w = os.pipe()
         st_r, st_w = os.pipe()
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
+        fds = [ctl_r, ctl_w, st_r, st_w]
+        try:
+            out_w, err_w = self.output.create()
+        except OSError:
+            for fd in fds:
+                os.close(fd)
+            raise
+        fds += [out_w, err_w]
         cmd = [s.python, "-m", "sojourn.workspace.session", "--repo", self.repo_url, "--workspace", s.workspace,
                "--allocation", s.allocation, "--epoch", str(s.epoch), "--status-fd", str(st_w),
-               "--control-fd", str(ctl_r), "--output-fds", f"{out_r},{err_r}", "--scan-interval", str(s.scan_interval)]
+               "--control-fd", str(ctl_r), "--scan-interval", str(s.scan_interval)]
         if s.memory:
             cmd += ["--memory", str(s.memory)]
         if s.cpus:
@@ -194,28 +204,31 @@ class Supervisor:
             cmd += ["run", s.script, *s.argv]
         try:
             # Its own session: the terminal's Ctrl-C and hang-up reach the supervisor, which
-            # forwards them once, and the program does not die with the terminal. It also
-            # holds the read ends of its own output pipes, so that its writes never fail if
-            # the supervisor dies (it then drains them into a spill file).
+            # forwards them once, and the program does not die with the terminal. Its stdout
+            # and stderr are files (opened for appending): what it writes is kept whether or
+            # not anyone reads it, so its writes never fail and nothing is lost when the
+            # supervisor dies.
             self.proc = subprocess.Popen(cmd, cwd=s.cwd, env=child_env(), stdout=out_w, stderr=err_w,
-                                         pass_fds=(st_w, ctl_r, out_r, err_r), start_new_session=True)
+                                         pass_fds=(st_w, ctl_r), start_new_session=True)
         except OSError:
-            for fd in (ctl_r, ctl_w, st_r, st_w, out_r, out_w, err_r, err_w):
+            for fd in fds:
                 os.close(fd)
+            self.output.close()
+            self.output.remove()
             raise
         for fd in (ctl_r, st_w, out_w, err_w):
             os.close(fd)
         self._ctl_w, self._status_r = ctl_w, st_r
-        self._out_r, self._err_r = out_r, err_r
 
     def _close_fds(self) -> None:
-        for fd in (self._ctl_w, self._status_r, self._out_r, self._err_r):
+        for fd in (self._ctl_w, self._status_r):
             if fd is not None:
                 try:
                     os.close(fd)
                 except OSError:
                     pass
-        self._ctl_w = self._status_r = self._out_r = self._err_r = None
+        self._ctl_w = self._status_r = None
+        self.output.close()
 
     # -- signals ---------------------------------------------------------------------------
 
@@ -247,45 +260,46 @@ class Supervisor:
     # -- the pump: output and status -------------------------------------------------------
 
     def _pump(self) -> None:
-        assert self._out_r is not None and self._err_r is not None and self._status_r is not None
-        sel = selectors.DefaultSelector()
-        sel.register(self._out_r, selectors.EVENT_READ, "stdout")
-        sel.register(self._err_r, selectors.EVENT_READ, "stderr")
-        sel.register(self._status_r, selectors.EVENT_READ, "status")
+        """Tail the output files (stdout, then stderr, to their end) and wait on the status
+        pipe for at most :data:`TAIL_INTERVAL` (:data:`TAIL_IDLE`) between rounds, until the
+        session has exited, its status pipe ended (or 2 s passed), and the files were read
+        once more."""
+        status_fd = self._status_r
+        assert status_fd is not None
         status_buf = b""
-        open_fds = 3
+        status_open = True
         deadline: float | None = None
-        while open_fds:
+        wait = TAIL_INTERVAL
+        while True:
             if self._done.is_set() and deadline is None:
                 deadline = time.monotonic() + 2.0
-            if deadline is not None and time.monotonic() > deadline:
+            wait = TAIL_INTERVAL if self._tail() else min(TAIL_IDLE, wait * 2)
+            if deadline is not None and (not status_open or time.monotonic() > deadline):
                 break
-            for key, _ in sel.select(timeout=0.2):
-                fd = int(key.fd)
-                try:
-                    data = os.read(fd, 1 << 16)
-                except OSError:
-                    data = b""
-                if not data:
-                    sel.unregister(fd)
-                    open_fds -= 1
-                    continue
-                if key.data == "status":
-                    status_buf += data
-                    while b"\n" in status_buf:
-                        line, status_buf = status_buf.split(b"\n", 1)
-                        self._status(line)
-                    continue
-                self.log.write(key.data, data)
-                if key.data == "stderr":
-                    self.stderr_tail = (self.stderr_tail + data)[-2048:]
-                cb = self.on_output
-                if cb is not None:
-                    try:
-                        cb(key.data, data)
-                    except Exception:
-                        self.on_output = None  # the terminal went away; the log keeps everything
-        sel.close()
+            if not status_open:
+                self._done.wait(wait)
+                continue
+            try:
+                ready, _, _ = select.select([status_fd], [], [], wait)
+                data = os.read(status_fd, 1 << 16) if ready else None
+            except (OSError, ValueError):  # closed under us
+                data = b""
+            if data is None:
+                continue
+            if not data:
+                status_open = False
+                continue
+            status_buf += data
+            while b"\n" in status_buf:
+                line, status_buf = status_buf.split(b"\n", 1)
+                self._status(line)
+        self._tail()  # what the session wrote last, before its status pipe ended
+
+    def _tail(self) -> int:
+        got, echoing = self.output.read(self.log, self.on_output)
+        if not echoing:
+            self.on_output = None
+        return got
 
     def _status(self, line: bytes) -> None:
         try:
@@ -298,15 +312,16 @@ class Supervisor:
             self.inbox.put(msg)  # for the move protocol (migrate.py)
             if kind != "exit" and kind != "refusal":
                 return
+        output = output_base(self.spec.workspace, self.spec.allocation)
         if kind == "started" and not self.committed:
             self.started = True
-            self.held_started = msg  # recorded by the move's commit
+            self.held_started = {**msg, "output": output}  # recorded by the move's commit
         elif kind == "started":
             self.started = True
             self.append({"type": "started", "allocation": self.spec.allocation, "session_pid": msg.get("pid"),
                          "session_pid_start": msg.get("pid_start"), "python_version": msg.get("python_version"),
                          "python": msg.get("python_version"), "arch": msg.get("arch"),
-                         "platform": msg.get("platform")})
+                         "platform": msg.get("platform"), "output": output})
         elif kind == "capsule":
             if msg.get("action") == "exit":
                 self.capsule_msg = msg
@@ -537,7 +552,7 @@ class Supervisor:
             return "suspended", f"paused ({cap.reason}) at {cap.where}", EXIT_PAUSED
         em = self.exit_msg
         if not self.started:
-            tail = self.stderr_tail.decode(errors="replace").strip().splitlines()
+            tail = self.output.stderr_tail.decode(errors="replace").strip().splitlines()
             last = f": {tail[-1]}" if tail else ""
             if rc < 0:  # killed before it started: exit as a shell would (128+n), not as the raw -n & 255
                 return "failed", (f"the session was killed by {_signal_name(-rc)} before it started under {self.spec.python}"
