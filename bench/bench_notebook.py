@@ -314,7 +314,7 @@ def bench_warm(cells: list[str], cap: str, libs: list[str]) -> dict[str, Any]:
     pool = standby.pool()
     seed = Kernel(env)
     try:
-        s = _ready_standby(pool, set())
+        s = pool.wait_ready(timeout=300)
         t0 = time.perf_counter()
         k = Kernel({**env, "SOJOURN_RESUME": cap})
         try:
@@ -324,7 +324,7 @@ def bench_warm(cells: list[str], cap: str, libs: list[str]) -> dict[str, Any]:
             note = k.value(f"[n for n in {CTL}.notes if 'standby' in n]")
         finally:
             k.close()
-        s = _ready_standby(pool, {s.proc.pid})
+        s = pool.wait_ready({s.proc.pid}, timeout=300)
         t0 = time.perf_counter()
         k = Kernel({**env, "SOJOURN_STANDBY_DELAY": "3600"})
         try:
@@ -339,16 +339,6 @@ def bench_warm(cells: list[str], cap: str, libs: list[str]) -> dict[str, Any]:
     if not all(claimed):
         raise RuntimeError(f"a warm launch did not claim its standby (resume, re-run: {claimed})")
     return {"rerun_s": rerun, "resume_kernel_s": resume, "preload": libs, "resume_note": note}
-
-
-def _ready_standby(pool: Any, exclude: set[int], seconds: float = 300) -> Any:
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        for s in pool.idle():
-            if s.ready.is_set() and s.proc.pid not in exclude:
-                return s
-        time.sleep(0.05)
-    raise RuntimeError(f"no standby kernel was ready after {seconds} s")
 
 
 # A cold restore, and the top-level modules it imported (the notebook's libraries).

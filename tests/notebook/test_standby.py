@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,16 +31,6 @@ def pool(jupyter) -> Iterator[Any]:
     p = standby.pool()
     yield p
     p.close()  # a failed test's standbys too
-
-
-def _ready(pool: Any, exclude: Iterable[int] = (), seconds: float = 120) -> Any:
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        for s in pool.idle():
-            if s.ready.is_set() and s.proc.pid not in exclude:
-                return s
-        time.sleep(0.05)
-    raise TimeoutError(f"no standby got ready within {seconds} s: {[(s.proc.pid, s.proc.poll()) for s in pool.idle()]}")
 
 
 def _launcher_children() -> list[int]:
@@ -75,7 +65,7 @@ def test_launches_claim_warm_standbys_fresh_and_resumed(jupyter, pool, tmp_path:
         cold = Kernel(jupyter, **WARM)
         kernels.append(cold)
         assert cold.out(f"import sys; print({LIB!r} in sys.modules)") == "False"
-        first = _ready(pool)
+        first = pool.wait_ready()
         assert first.proc.pid != cold.pid
 
         t0 = time.perf_counter()
@@ -104,7 +94,7 @@ def test_launches_claim_warm_standbys_fresh_and_resumed(jupyter, pool, tmp_path:
         assert reply["content"]["ename"] == "KeyboardInterrupt", reply["content"]
 
         # A replacement takes the claimed one's place.
-        second = _ready(pool, exclude={first.proc.pid, cold.pid})
+        second = pool.wait_ready({first.proc.pid, cold.pid})
 
         k.out("import numpy as np\nbig = np.arange(1 << 18, dtype=np.float64)\nview = big[10:20]\n"
               "class P:\n    pass\np = P()\np.ref = big\ny = {'a': [1, 2]}")
@@ -141,7 +131,7 @@ def test_a_standby_that_does_not_match_is_not_claimed(jupyter, pool, tmp_path: P
     kernels: list[Kernel] = []
     try:
         kernels.append(Kernel(jupyter, **WARM))
-        s = _ready(pool)
+        s = pool.wait_ready()
         for kw in ({"SOJOURN_MEMORY": str(8 << 30)}, {"kernel": "sojourn-other"},
                    {"SOJOURN_STANDBY_PRELOAD": "wave"}, {"OMP_NUM_THREADS": "1"}):
             # (their own pools are not filled during the test: it only adds load)
@@ -195,12 +185,12 @@ def test_a_restarted_kernel_is_a_standby_and_the_pool_outlives_the_restart(jupyt
     k = Kernel(jupyter, **WARM)
     try:
         k.out("x = 1")
-        s = _ready(pool)
+        s = pool.wait_ready()
         k.km.restart_kernel(now=True)
         k.kc.wait_for_ready(timeout=120)
         assert k.pid == s.proc.pid
         assert k.out("print('x' in dir())") == "False"
-        assert _ready(pool, exclude={s.proc.pid}).proc.poll() is None  # still this key's pool
+        assert pool.wait_ready({s.proc.pid}).proc.poll() is None  # still this key's pool
     finally:
         k.close()
     assert _wait_gone(_launcher_children()) == []
@@ -210,7 +200,7 @@ def test_a_move_destination_is_a_standby(jupyter, pool) -> None:
     k = Kernel(jupyter, **WARM)
     try:
         k.out("import numpy as np\nbig = np.arange(1000.0)\nview = big[5:]\nn = 7")
-        s = _ready(pool)
+        s = pool.wait_ready()
         out, err, _ = k.run("%sojourn move --to local")
         assert "moved to local" in out and "warm standby that the launch claimed" in out, out + err
         assert k.pid == s.proc.pid
@@ -236,7 +226,7 @@ def test_a_suspended_kernel_resumes_on_a_standby(jupyter, pool) -> None:
     k = Kernel(jupyter, **WARM, JPY_SESSION_NAME="nap.ipynb")
     try:
         k.out("import numpy as np\nbig = np.arange(100.0)\nview = big[3:]\nx = 5")
-        s = _ready(pool)
+        s = pool.wait_ready()
         out, err, reply = k.run("%sojourn suspend")
         assert reply["status"] == "ok" and "suspended at capsule" in out, out + err
         assert k.out("print(x, view.base is big, view[0])") == "5 True 3.0"  # this cell wakes it

@@ -34,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -154,6 +155,19 @@ class Pool:
             if key is not None:
                 return list(self._idle.get(key, []))
             return [s for ss in self._idle.values() for s in ss]
+
+    def wait_ready(self, exclude: Iterable[int] = (), timeout: float = 120.0) -> Standby:
+        """An idle standby that has finished its imports, other than the pids in ``exclude``
+        (for tests and benchmarks, which must not time a standby still importing)."""
+        skip = set(exclude)
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            for s in self.idle():
+                if s.ready.is_set() and s.proc.pid not in skip:
+                    return s
+            time.sleep(0.05)
+        raise TimeoutError(f"no standby kernel got ready within {timeout:.0f} s: "
+                           f"{[(s.proc.pid, s.proc.poll()) for s in self.idle()]}")
 
     # -- keeping the pool full -------------------------------------------------------------
 
