@@ -102,12 +102,11 @@ def _standby_note(standby: dict[str, Any], timeline: list[tuple[str, float]]) ->
 def main() -> None:
     from sojourn.notebook import control
 
-    fd = os.environ.pop("SOJOURN_STANDBY_FD", None)
-    standby = None
-    if fd:
-        _limit_memory()  # the machine's limit from the start, as for any kernel
-        standby = _wait_as_standby(int(fd))
+    # Before any import; a standby's limit is its launch's too (the memory limit is part of
+    # the pool's key, standby.py).
     _limit_memory()
+    fd = os.environ.pop("SOJOURN_STANDBY_FD", None)
+    standby = _wait_as_standby(int(fd)) if fd else None
     token = os.environ.pop("SOJOURN_HANDOFF", None)
     resume = os.environ.pop("SOJOURN_RESUME", None)
     plan: dict[str, Any] | None = None
@@ -154,15 +153,13 @@ def main() -> None:
         from sojourn.ops import notebook as nb
 
         try:
-            if resume == "notebook":  # the kernelspec's resume="notebook": this notebook's own workspace
-                resume = nb.suspended_for_notebook(os.environ.get("SOJOURN_REPO") or None,
-                                                   os.environ.get("JPY_SESSION_NAME") or None) or ""
-            ws, cap = (None, resume) if resume.startswith("cap_") else nb.last_capsule(
-                os.environ.get("SOJOURN_REPO") or None, resume) if resume else (None, None)
+            # the kernelspec's resume="notebook": this notebook's own workspace
+            ws, cap = nb.resume_target(os.environ.get("SOJOURN_REPO") or None, resume,
+                                       os.environ.get("JPY_SESSION_NAME") or None)
             plan = {"capsule": cap, "workspace": ws, "repo": os.environ.get("SOJOURN_REPO") or None,
                     "moved_from": None}
             if cap is None:
-                if resume:
+                if resume != "notebook":  # a notebook with no suspended workspace just starts empty
                     info["notes"].append(f"workspace {resume} has no capsule; the kernel starts empty")
                 plan = None
         except Exception as e:

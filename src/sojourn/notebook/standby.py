@@ -296,9 +296,7 @@ def capsule_libraries(repo: str | None, resume: str, notebook: str | None) -> li
         from sojourn.ops import notebook as nb
         from sojourn.repository.repo import open_repository
 
-        if resume == "notebook":
-            resume = nb.suspended_for_notebook(repo, notebook) or ""
-        cap = resume if resume.startswith("cap_") else (nb.last_capsule(repo, resume)[1] if resume else None)
+        cap = nb.resume_target(repo, resume, notebook)[1]
         if not cap:
             return []
         with open_repository(repo) as r:

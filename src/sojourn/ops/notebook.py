@@ -155,6 +155,18 @@ def suspended_for_notebook(repo: PathLike | None, notebook: str | None) -> str |
         return ws if rec.state == "suspended" and rec.last_capsule else None
 
 
+def resume_target(repo: PathLike | None, resume: str, notebook: str | None) -> tuple[str | None, str | None]:
+    """What a kernel started with ``resume`` (a capsule, a workspace, or "notebook": the
+    suspended workspace of ``notebook``) starts from: (workspace id or None, capsule or None)."""
+    if resume == "notebook":
+        resume = suspended_for_notebook(repo, notebook) or ""
+    if not resume:
+        return None, None
+    if resume.startswith("cap_"):
+        return None, resume
+    return last_capsule(repo, resume)
+
+
 def fork(sess: KernelSession, ref: Any, name: str) -> str:
     """A new workspace whose history starts at ``ref`` (a capsule of ``sess``). Nothing is
     copied: the fork's capsules name the same chunks."""
