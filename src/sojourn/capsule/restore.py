@@ -26,8 +26,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from sojourn.capsule import (
+    byteorder,
+    reducers,  # noqa: F401  (registers every reducer)
+)
 from sojourn.capsule import format as fmt
-from sojourn.capsule import reducers  # noqa: F401  (registers every reducer)
 from sojourn.capsule.context import RestoreContext, restoring
 from sojourn.capsule.environment import check_distributions
 from sojourn.capsule.fingerprint import (
@@ -145,7 +148,7 @@ def restore_capsule(
     process_state: dict[str, Any] = {}
     with restoring(ctx), _no_gc():
         feed = _Feed(stream)
-        unpickler = pickle.Unpickler(feed, buffers=iter(objects))
+        unpickler = byteorder.unpickler(feed, iter(objects))
         memo = _Memo(unpickler, feed)
         bases: list[int] = []
         for var in manifest.variables:
