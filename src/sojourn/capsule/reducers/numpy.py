@@ -223,8 +223,12 @@ def _ndarray_reduce(arr: Any, pickler: Any) -> Any:
         meta["explicit"] = explicit
     swap = [] if endian.LITTLE or force or not arr.size else endian.native_paths(arr.dtype, pickler)
     if swap:
-        arr = arr.copy(order="K")  # the capsule is little-endian: swap a copy, never the program's
+        # The capsule is little-endian: swap a copy, never the program's array; the copy says
+        # read-only when the array does (pickle then marks the buffer read-only).
+        writeable = arr.flags.writeable
+        arr = arr.copy(order="K")
         endian.swap_in_place(arr, swap)
+        arr.flags.writeable = writeable
     _roots(pickler)[id(root if root is not None else arr)] = (arr, meta, bool(swap))
     # Bytes, not elements: datetimes and some other dtypes do not export a buffer.
     raw = (arr.T if layout == "F" else arr).reshape(-1).view(np.uint8) if arr.size else np.empty(0, np.uint8)

@@ -189,7 +189,13 @@ def decode_descr(descr: Any, explicit: list[int] | None = None) -> Any:
     here = [NATIVE_CHAR if s == "N" else ("<" if s == "L" else ">") for s in states]
     d = _from_descr(_rechar(descr, iter(here)))
     fresh = {i for i, s in enumerate(states) if s == ("L" if LITTLE else "B")}
-    return with_leaves(d, lambda i, leaf: mark(_np().dtype(leaf, copy=True)) if i in fresh else leaf) if fresh else d
+    return with_leaves(d, lambda i, leaf: mark(fresh_copy(leaf)) if i in fresh else leaf) if fresh else d
+
+
+def fresh_copy(leaf: Any) -> Any:
+    """A new dtype object equal to the native ``leaf`` (``np.dtype(x, copy=True)`` returns a
+    copy that is not the process-wide one as it is)."""
+    return leaf.newbyteorder("=")
 
 
 def with_leaves(d: Any, replace: Any) -> Any:
@@ -294,7 +300,6 @@ def rebase(dtype: Any, root: Any, offset: int) -> Any:
             positions.append(at)
 
     walk(dtype, 0)
-    np = _np()
 
     def follow(i: int, leaf: Any) -> Any:
         if state(leaf) != "N":
@@ -304,7 +309,7 @@ def rebase(dtype: Any, root: Any, offset: int) -> Any:
         if st == "N":
             return leaf
         if (st == "L") == LITTLE:
-            return mark(np.dtype(leaf, copy=True))
+            return mark(fresh_copy(leaf))
         return leaf.newbyteorder("<" if st == "L" else ">")
 
     out = with_leaves(dtype, follow)
@@ -322,12 +327,11 @@ def origin(d: Any) -> Any:
 def explicit_copy(d: Any, pickler: Any) -> Any:
     """``d`` with its native leaves explicit in this machine's order, for this capture."""
     marks = _local(pickler)
-    np = _np()
 
     def fresh(_i: int, leaf: Any) -> Any:
         if state(leaf, pickler) != "N":
             return leaf
-        copy = np.dtype(leaf, copy=True)
+        copy = fresh_copy(leaf)
         marks[id(copy)] = copy
         return copy
 
@@ -360,21 +364,25 @@ def reduce_dtype(obj: Any, pickler: Any, shared_fn: Any) -> Any:
     order = obj.byteorder
     st = state(obj, pickler) if order != "|" else "|"
     if st == "L":
-        inner = np.dtype(obj if LITTLE else obj.newbyteorder("="), copy=True)
+        inner = fresh_copy(obj)
         pickler.keepalive(inner)
         return (explicit_dtype, (inner,))
     try:
         shared = np.dtype(obj.str) is obj
     except TypeError:
         shared = False
+    if shared:
+        return (shared_fn, (obj.str if LITTLE or st != "N" else "<" + obj.str[1:],))
+    # Structured, datetime, explicitly ordered...: numpy's own pickling, as a little-endian
+    # machine and numpy 2.4 write it (numpy 2.2 gives a datetime scalar's dtype the metadata
+    # {} where 2.4 says None: the same dtype).
+    rv = obj.__reduce__()
+    state_ = rv[2]
     if st == "N" and not LITTLE:
-        if shared:
-            return (shared_fn, ("<" + obj.str[1:],))
-        rv = obj.__reduce__()
-        return (rv[0], rv[1], (rv[2][0], "<", *rv[2][2:]))
-    if not shared:
-        return NotImplemented  # structured, datetime, explicit...: numpy's own pickling
-    return (shared_fn, (obj.str,))
+        state_ = (state_[0], "<", *state_[2:])
+    if len(state_) == 9 and isinstance(state_[8], tuple) and state_[8] and state_[8][0] == {}:
+        state_ = (*state_[:8], (None, *state_[8][1:]))
+    return NotImplemented if state_ is rv[2] else (rv[0], rv[1], state_, *rv[3:])
 
 
 # -- big-endian machines: numpy's own byte-holding pickles ---------------------------------------
