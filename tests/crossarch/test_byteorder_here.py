@@ -78,3 +78,65 @@ def test_a_view_that_reinterprets_bytes_keeps_this_machines_order(tmp_path: Path
     assert first == {"x": [1.5, -2.0, 3.25], "order": "<f8", "raw": np.array([1.5, -2.0, 3.25], "<f8").view(np.uint8).tolist(),
                      "bases": [True, True, True], "views": [[-2.0, 3.25], [1.5, 3.25]]}
     assert second == [7.0, True]
+
+
+def test_restore_refuses_arrays_rebuilt_in_another_byte_order(tmp_path: Path, repo: str) -> None:
+    """An array's dtype lives in its buffer's meta, outside the fingerprint: an array rebuilt
+    in the wrong byte order has the captured bytes and would pass the fingerprint check
+    with wrong values. The restore compares the meta too; here it is made to swap the
+    order, as a byte-order bug would, and refuses."""
+    import sojourn
+
+    ref = sojourn.capture({"x": np.array([1.5, -2.0])}, repo)
+    proc = run_py(f"""
+        import sojourn
+        from sojourn.capsule.reducers import numpy_order
+        right = numpy_order.decode_descr
+        numpy_order.decode_descr = lambda descr, explicit=None: right(descr, explicit).newbyteorder("S")
+        try:
+            print(sojourn.restore({ref.id!r}, {repo!r})["x"])
+        except Exception as e:
+            print(type(e).__name__, e)
+    """, cwd=tmp_path)
+    assert "IntegrityError" in proc.stdout and "'x'" in proc.stdout and "byte order" in proc.stdout, proc.stdout
+
+
+def test_a_capsule_in_a_big_endian_machines_own_order_is_refused_clearly(tmp_path: Path, repo: str) -> None:
+    """Capsules written on big-endian machines before the format recorded its byte order are
+    in that machine's order: refused before anything is read, saying where to restore it."""
+    import sojourn
+    from sojourn.capsule import format as fmt
+    from sojourn.repository.repo import open_repository
+
+    ref = sojourn.capture({"x": np.arange(3, dtype=np.int32)}, repo)
+    with open_repository(repo) as r:
+        body = fmt.load_manifest(r, ref.id).body()
+        del body["byteorder"]
+        body["environment"] = dict(body["environment"], machine="s390x", byteorder="big")
+        doc = _sealed(body, r.key)
+        old = fmt.open_manifest(doc, r.key)
+        assert old.byteorder == "big"
+        r.backend.save("capsules", old.id + ".json", doc)
+        cap = old.id
+    proc = run_py(f"""
+        import sojourn
+        try:
+            sojourn.restore({cap!r}, {repo!r})
+        except Exception as e:
+            print(type(e).__name__, e)
+    """, cwd=tmp_path)
+    assert proc.stdout.startswith("IntegrityError") and "s390x" in proc.stdout and "big-endian" in proc.stdout, proc.stdout
+
+
+def _sealed(body: dict, key: bytes) -> bytes:
+    """A manifest document as an older sojourn signed it (no byteorder field)."""
+    import hashlib
+    import hmac
+
+    import blake3
+
+    doc = dict(body)
+    canon = lambda o: json.dumps(o, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()  # noqa: E731
+    doc["id"] = "cap_" + blake3.blake3(canon(doc)).hexdigest()[:32]
+    doc["signature"] = hmac.new(key, canon(doc), hashlib.sha256).hexdigest()
+    return json.dumps(doc).encode()
