@@ -18,8 +18,11 @@ from pathlib import Path
 
 import pytest
 
+from sojourn.capsule.reducers.numpy_order import longdouble_format
 from tests.conftest import KILL_PRELUDE, SRC
 from tests.crossarch.foreign import Foreign, foreign
+
+np = pytest.importorskip("numpy")
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]  # may wait for the rootfs build
 
@@ -132,3 +135,43 @@ def test_paused_script_moves_there_and_back(machine: Foreign, tmp_path: Path) ->
     assert third.returncode == 0, third.stderr
     assert first.stdout + second.stdout + third.stdout == plain.stdout
     assert all(seg.stdout for seg in (first, second, third))  # each machine ran steps
+
+
+def _restore_there(machine: Foreign, tmp_path: Path, repo: str, cap: str) -> str:
+    code = ("import sojourn, sys\n"
+            "try:\n"
+            f"    sojourn.restore({cap!r}, {repo!r})\n"
+            "    print('restored')\n"
+            "except Exception as e:\n"
+            "    print(type(e).__name__, e)\n")
+    (tmp_path / "restore_there.py").write_text(code)
+    p = machine.run(["python3", "restore_there.py"], cwd=tmp_path, binds=_binds(tmp_path))
+    assert p.returncode == 0, p.stderr
+    return p.stdout.strip()
+
+
+def test_long_double_values_are_refused_where_they_mean_other_numbers(machine: Foreign, tmp_path: Path) -> None:
+    """x86_64's float128 is 80-bit extended precision; arm64's and s390x's is IEEE quad: the
+    same bytes are other numbers there, which the fingerprints (over bytes) cannot see."""
+    import sojourn
+
+    if longdouble_format() != "63/15/16":
+        pytest.skip("this machine's long double is not x86's extended precision")
+    repo = str(tmp_path / "repo")
+    cap = sojourn.capture({"acc": np.array([1.5, 1e-4000], dtype=np.longdouble)}, repo).id
+    out = _restore_there(machine, tmp_path, repo, cap)
+    assert out.startswith("RestoreError") and "80-bit extended precision" in out and "quadruple" in out, out
+    cap = sojourn.capture({"one": np.longdouble(1) / 3}, repo).id
+    out = _restore_there(machine, tmp_path, repo, cap)
+    assert out.startswith("RestoreError") and "'one'" in out and "float64" in out, out
+
+
+def test_torch_tensors_are_refused_clearly_on_a_big_endian_machine(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    import sojourn
+
+    machine = foreign("s390x")
+    repo = str(tmp_path / "repo")
+    cap = sojourn.capture({"w": torch.arange(4.0)}, repo).id
+    out = _restore_there(machine, tmp_path, repo, cap)
+    assert out.startswith("IntegrityError") and "torch tensors" in out and "little-endian machine" in out, out

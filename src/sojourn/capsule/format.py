@@ -221,6 +221,11 @@ def check_readable(manifest: Manifest) -> None:
             f"byte-order-independent format: its values are in {manifest.byteorder}-endian "
             "order. Restore it there with the sojourn that wrote it, then capture it again."
         )
+    if sys.byteorder != "little" and any(b.kind == "torch-storage" for b in manifest.buffers):
+        raise IntegrityError(
+            f"capsule {manifest.id} holds torch tensors, which sojourn cannot yet swap to this "
+            "machine's big-endian byte order: restore it on a little-endian machine (x86_64, arm64)"
+        )
 
 
 def resolve_id(repo: Repository, capsule: str) -> str:

@@ -221,6 +221,8 @@ def _ndarray_reduce(arr: Any, pickler: Any) -> Any:
     meta: dict[str, Any] = {"dtype": descr, "shape": list(arr.shape), "order": layout}
     if explicit:
         meta["explicit"] = explicit
+    if endian.has_longdouble(arr.dtype):
+        meta["longdouble"] = endian.longdouble_format()
     swap = [] if endian.LITTLE or force or not arr.size else endian.native_paths(arr.dtype, pickler)
     if swap:
         # The capsule is little-endian: swap a copy, never the program's array; the copy says
@@ -238,6 +240,7 @@ def _ndarray_reduce(arr: Any, pickler: Any) -> Any:
 @register_allocator("ndarray")
 def _allocate_ndarray(meta: dict[str, Any], size: int) -> tuple[Any, memoryview]:
     np = _np() if "numpy" in sys.modules else __import__("numpy")
+    endian.check_longdouble(meta.get("longdouble"), "the capsule")
     arr = np.empty(tuple(meta["shape"]), dtype=endian.decode_descr(meta["dtype"], meta.get("explicit")),
                    order=meta["order"])
     mem = arr.T if meta["order"] == "F" else arr

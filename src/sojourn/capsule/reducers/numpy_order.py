@@ -446,9 +446,10 @@ def reduce_subclass_big(arr: Any, pickler: Any) -> Any:
     return rv
 
 
+from sojourn.capsule.registry import register  # noqa: E402  (after the helpers it registers)
+
 if not LITTLE:
     from sojourn.capsule import byteorder
-    from sojourn.capsule.registry import register
 
     register("numpy.generic", subclasses=True)(reduce_scalar_big)
     for _module in ("numpy._core.multiarray", "numpy.core.multiarray"):
@@ -472,3 +473,59 @@ if not LITTLE:
             inst.__setstate__(st)
             return True
         return False
+
+
+# -- long double: a format, not only a byte order ----------------------------------------------
+#
+# numpy's float128/complex256 is the C long double: x87's 80-bit extended precision padded to
+# 16 bytes on x86_64, IEEE quadruple precision on arm64 and s390x, a plain double elsewhere.
+# Its bytes mean other numbers on another machine even of the same byte order; sojourn does
+# not convert between the formats and refuses rather than restore other values.
+
+
+def longdouble_format() -> str:
+    np = _np()
+    info = np.finfo(np.longdouble)
+    return f"{info.nmant}/{info.nexp}/{np.dtype(np.longdouble).itemsize}"
+
+
+_FORMAT_NAMES = {"63/15/16": "x86's 80-bit extended precision", "63/15/12": "x86's 80-bit extended precision",
+                 "112/15/16": "IEEE quadruple precision", "52/11/8": "double precision",
+                 "105/11/16": "double-double"}
+
+
+def has_longdouble(d: Any) -> bool:
+    return any(x.char in ("g", "G") for x in leaves(d))
+
+
+def check_longdouble(recorded: str | None, what: str) -> None:
+    here = longdouble_format()
+    if recorded is not None and recorded != here:
+        def name(f: str) -> str:
+            return _FORMAT_NAMES.get(f, f)
+        from sojourn.errors import RestoreError
+
+        raise RestoreError(
+            f"{what} holds long double (float128) values in {name(recorded)}, and this machine's long "
+            f"double is {name(here)}: the same bytes are other numbers here. Convert them to float64 "
+            "before the pause (or restore on a machine like the one that wrote the capsule)."
+        )
+
+
+def longdouble_scalar(fmt: str, dtype: Any, data: bytes) -> Any:
+    """Reconstructor of a float128/complex256 scalar, written little-endian with its format."""
+    check_longdouble(fmt, "the capsule")
+    if not LITTLE:
+        data = _swapped(data, dtype, native_paths(dtype))
+    return _scalar_fn()(dtype, data)
+
+
+def reduce_longdouble(obj: Any, pickler: Any) -> Any:
+    pickler.note_module("numpy")
+    dtype, data = obj.__reduce_ex__(5)[1]
+    if not LITTLE:
+        data = _swapped(data, dtype, native_paths(dtype, pickler))
+    return (longdouble_scalar, (longdouble_format(), dtype, data))
+
+
+register("numpy.longdouble", "numpy.clongdouble")(reduce_longdouble)
