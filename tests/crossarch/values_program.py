@@ -62,6 +62,7 @@ def make() -> dict:
         "fortran": np.asfortranarray(np.arange(6.0).reshape(2, 3)), "zero_d": np.array(3.25), "empty": np.zeros((0, 3)),
         "big": np.arange(6, dtype=">i4"), "big_view": np.arange(6, dtype=">i4")[1:4],
         "rec": rec, "rec_y": rec["y"], "record": rec[1],
+        "mixed": np.array([(1, 0.5), (2, -1.5)], dtype=[("p", ">i4"), ("q", "f8")]),
         "objects": np.array([1, "two", (3.0,)], dtype=object),
         "ro": ro, "ro_view": ro[1:],
         "a64": a64, "a64_bytes": a64.view(np.uint8),
@@ -127,6 +128,9 @@ def check(ns: dict, process_globals: bool = True) -> list[str]:
             bad.append(f"{k}: dtype {dt.str} is not native")
     if not ns["rec"].dtype.isnative or not ns["sdtype"].isnative:
         bad.append("structured dtype not native")
+    fields = ns["mixed"].dtype.fields
+    if fields["p"][0].str != ">i4" or not fields["q"][0].isnative:
+        bad.append(f"mixed: fields {fields['p'][0].str}, {fields['q'][0].str}: expected the program's >i4 and native")
     identity = {
         "view.base is a": ns["view"].base is ns["a"], "pair": ns["pair"][0] is ns["a"] is ns["pair"][1],
         "rec_y.base is rec": ns["rec_y"].base is ns["rec"], "a64_bytes.base is a64": ns["a64_bytes"].base is ns["a64"],
