@@ -248,39 +248,3 @@ def _allocate_ndarray(meta: dict[str, Any], size: int) -> tuple[Any, memoryview]
     if len(view) != size:
         raise ValueError(f"array buffer is {size} bytes but dtype and shape give {len(view)}")
     return arr, view
-
-
-# -- masked arrays --------------------------------------------------------------------------
-#
-# A masked array pickles through numpy's own __reduce__ (data and mask as bytes, its fill
-# value). Its default fill value is None until something asks for it, and restoring sets
-# it through the ``fill_value`` setter, which stores the dtype's default array: pickled
-# again, the restored array said "1e20" where the captured one said None, and every masked
-# array (scikit-learn's ``cv_results_``) failed the write check. The default travels as
-# None, which restores to the same default.
-
-
-def _is_default_fill(arr: Any, fill: Any) -> bool:
-    np = _np()
-    if not isinstance(fill, np.ndarray) or fill.shape != ():
-        return False
-    try:
-        # What the setter stores for None (an object array's default is the string '?').
-        default = np.ma.core._check_fill_value(None, arr.dtype)
-    except (AttributeError, TypeError, ValueError):
-        return False
-    if fill.dtype != default.dtype:
-        return False
-    if fill.dtype.hasobject:
-        return bool(fill.item() == default.item())
-    return bool(fill.tobytes() == default.tobytes())
-
-
-@register("numpy.ma.MaskedArray", "numpy.ma.core.MaskedArray")
-def _masked_reduce(arr: Any, pickler: Any) -> Any:
-    pickler.note_module("numpy")
-    rv = arr.__reduce_ex__(5) if endian.LITTLE else endian.reduce_subclass_big(arr, pickler)
-    state = rv[2] if isinstance(rv, tuple) and len(rv) > 2 else None
-    if isinstance(state, tuple) and len(state) == 7 and _is_default_fill(arr, state[6]):
-        return (rv[0], rv[1], (*state[:6], None), *rv[3:])
-    return rv
