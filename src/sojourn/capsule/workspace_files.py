@@ -52,7 +52,7 @@ from typing import Any
 import blake3
 
 from sojourn.errors import CaptureError, IntegrityError, RestoreError
-from sojourn.repository.chunks import BufferRecord, ChunkStore, WriteStats, chunk_name
+from sojourn.repository.chunks import BufferRecord, ChunkStore, WriteStats
 
 VERSION = 1
 SKIPPED_DIRS = frozenset({"__pycache__", ".git"})
@@ -383,7 +383,7 @@ def content_chunk_names(files_json: dict[str, Any], chunks: ChunkStore) -> list[
     names: list[str] = []
     for e in load_entries(files_json, chunks):
         if e.get("type", "file") == "file":
-            names.extend(chunk_name(h, e["codec"]) for h in e["chunks"])
+            names.extend(chunks.naming(h, e["codec"]) for h in e["chunks"])
     return names
 
 
