@@ -125,7 +125,11 @@ class Sealer:
         nonce = os.urandom(NONCE)
         out[: len(MAGIC)] = MAGIC
         out[len(MAGIC) : HEADER] = nonce
-        self._aead[self._key_of(kind)].encrypt_into(nonce, view, _ad(kind, name), out[HEADER:])
+        aead = self._aead[self._key_of(kind)]
+        if hasattr(aead, "encrypt_into"):  # cryptography >= 44: straight into the buffer
+            aead.encrypt_into(nonce, view, _ad(kind, name), out[HEADER:])
+        else:
+            out[HEADER:] = aead.encrypt(nonce, view, _ad(kind, name))
         return out
 
     def _refused(self, kind: str, name: str, why: str) -> IntegrityError:

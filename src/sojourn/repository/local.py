@@ -273,13 +273,13 @@ class LocalBackend:
         # Only one level: the shard, or a kind's directory a repository made by an older
         # sojourn lacks. Creating every missing level would rebuild a deleted or unmounted
         # repository's tree and write into it as if nothing had happened.
+        kind_dir = self.root / kind
         try:
-            try:
-                parent.mkdir(exist_ok=True)
-            except FileNotFoundError:
-                if not self._intact():
-                    raise self._gone(f"an object of {kind}/") from None
-                (self.root / kind).mkdir(exist_ok=True)
+            if parent == kind_dir or not kind_dir.is_dir():
+                if not kind_dir.is_dir() and not self._intact():
+                    raise self._gone(f"an object of {kind}/")
+                kind_dir.mkdir(exist_ok=True)
+            if parent != kind_dir:
                 parent.mkdir(exist_ok=True)
         except RepositoryError:
             raise

@@ -71,7 +71,7 @@ class RetryPolicy:
     ):
         self.url = url
         self.budget = default_budget() if budget is None else budget
-        self.on_status = on_status or _to_stderr
+        self.on_status = on_status if on_status is not None else _to_stderr
         self.sleep = sleep
         self.clock = clock
         self._until: list[float] = []  # deadlines callers set, innermost last
