@@ -499,3 +499,5 @@ class SealedConformance(BackendConformance, ChunkStoreConformance):
         assert backend.stat("capsules", "cap_x.json") == len(secret)
         backend.save("config", "config.json", b"{}")  # the config says how to open the rest: plain
         assert plain.load("config", "config.json") == b"{}"
+        backend.save("config", "machines.toml", b"[machines.gpu]\npython = '/opt/py'\n")  # shared config: sealed
+        assert b"/opt/py" not in plain.load("config", "machines.toml")

@@ -164,6 +164,10 @@ def test_records_are_sealed_and_bound_to_their_names(repo: str) -> None:
         raw.save("workspaces", "event.ws_a.00000003", b'{"seq": 3, "type": "allocation", "python": "/tmp/x"}')
         with pytest.raises(IntegrityError, match="is not an encrypted object"):
             r.backend.load("workspaces", "event.ws_a.00000003")
+        # nor the shared machine config, which names interpreters
+        raw.save("config", "machines.toml", b"[machines.gpu]\npython = '/tmp/evil'\n")
+        with pytest.raises(IntegrityError, match=r"config/machines\.toml is not an encrypted object"):
+            r.backend.load("config", "machines.toml")
 
 
 def test_the_wrong_key_is_named_at_open(repo: str, monkeypatch: pytest.MonkeyPatch) -> None:

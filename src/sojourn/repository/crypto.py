@@ -4,7 +4,7 @@ key, and chunk names keyed so that a name says nothing about its content.
 What an encrypted repository stores (see ``docs/capsule-format.md``, "Encryption"):
 
 * every object but ``config/config.json`` is ``"SJE" 0x01 · nonce (12) · ciphertext · tag (16)``:
-  chunks, capsule manifests, workspace records and logs, locks;
+  chunks, capsule manifests, workspace records and logs, locks, the shared machine config;
 * the key of each kind is derived from the repository key with HKDF-SHA256, salted with the
   repository id: chunks, manifests and records each have their own, and chunk names a fourth;
 * the associated data of each object is its kind and name, so an object moved to another
@@ -43,8 +43,9 @@ HEADER = len(MAGIC) + NONCE
 TAG = 16
 OVERHEAD = HEADER + TAG
 CIPHER = "aes-256-gcm"
-# Which key seals each kind; ``config`` stays plain: it says how to open the rest.
-_KIND_KEYS = {"chunks": "chunk", "capsules": "manifest", "workspaces": "record", "locks": "record"}
+# Which key seals each kind. ``config/config.json`` stays plain: it says how to open the rest.
+_KIND_KEYS = {"chunks": "chunk", "capsules": "manifest", "workspaces": "record", "locks": "record", "config": "record"}
+PLAIN = ("config", "config.json")
 _REUSE_MAX = 8 << 20  # per-thread output buffers up to this size are kept for the next object
 _SCRATCH = 256 << 10  # in-place decryption goes through this much cache-sized scratch at a time
 _local = threading.local()
@@ -92,8 +93,8 @@ class RepoKeys:
         return blake3.blake3(bytes.fromhex(h) + b"\0" + codec.encode(), key=self.name_key).hexdigest()
 
 
-def encrypts(kind: str) -> bool:
-    return kind in _KIND_KEYS
+def encrypts(kind: str, name: str) -> bool:
+    return kind in _KIND_KEYS and (kind, name) != PLAIN
 
 
 def _ad(kind: str, name: str) -> bytes:

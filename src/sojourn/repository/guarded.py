@@ -54,8 +54,8 @@ class GuardedBackend:
     def encrypted(self) -> bool:
         return self.sealer is not None
 
-    def _sealed(self, kind: str) -> bool:
-        return self.sealer is not None and crypto.encrypts(kind)
+    def _sealed(self, kind: str, name: str) -> bool:
+        return self.sealer is not None and crypto.encrypts(kind, name)
 
     # -- location ---------------------------------------------------------------------------
 
@@ -73,7 +73,7 @@ class GuardedBackend:
     def save(self, kind: str, name: str, data: bytes | memoryview, *, exclusive: bool = False) -> None:
         check_kind(kind)
         check_name(name)
-        payload = self.sealer.seal(kind, name, data) if self.sealer is not None and crypto.encrypts(kind) else data
+        payload = self.sealer.seal(kind, name, data) if self.sealer is not None and crypto.encrypts(kind, name) else data
 
         def ours(error: BaseException) -> None:
             # A retried exclusive create that finds the object: it is ours when it holds our
@@ -93,13 +93,13 @@ class GuardedBackend:
 
     def load(self, kind: str, name: str) -> bytes:
         blob = self.policy.call(f"reading {kind}/{name}", lambda: self.inner.load(kind, name))
-        if self._sealed(kind):
+        if self._sealed(kind, name):
             assert self.sealer is not None
             return self.sealer.open(kind, name, blob)
         return blob
 
     def load_into(self, kind: str, name: str, out: memoryview) -> int:
-        if not self._sealed(kind):
+        if not self._sealed(kind, name):
             return self.policy.call(f"reading {kind}/{name}", lambda: self.inner.load_into(kind, name, out))
         assert self.sealer is not None
         check_kind(kind)
@@ -126,7 +126,7 @@ class GuardedBackend:
 
     def stat(self, kind: str, name: str) -> int | None:
         size = self.policy.call(f"reading {kind}/{name}", lambda: self.inner.stat(kind, name))
-        if size is not None and self._sealed(kind):
+        if size is not None and self._sealed(kind, name):
             return max(0, size - crypto.OVERHEAD)
         return size
 
