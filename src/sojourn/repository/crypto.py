@@ -33,8 +33,6 @@ import os
 import threading
 from typing import Any
 
-import blake3
-
 from sojourn.errors import IntegrityError, RepositoryError
 
 MAGIC = b"SJE\x01"
@@ -90,6 +88,8 @@ class RepoKeys:
         self.check = hkdf(master, salt, b"sojourn key check v1", 16).hex()
 
     def chunk_name(self, h: str, codec: str) -> str:
+        import blake3  # here, not at import: opening a repository for its records needs none of it
+
         return blake3.blake3(bytes.fromhex(h) + b"\0" + codec.encode(), key=self.name_key).hexdigest()
 
 
