@@ -106,6 +106,7 @@ def test_what_counts_as_a_credential(rel: str, is_dir: bool, left_out: bool) -> 
     assert Secrets([]).leaves_out(rel, is_dir) is left_out
 
 
+@pytest.mark.slow
 def test_no_environment_variable_lands_in_the_repository(tmp_path: Path) -> None:
     """A workspace run, paused and resumed with a secret in its environment: nothing the
     supervisor, the session or the capsule wrote holds its name or value."""
