@@ -11,7 +11,7 @@ The rootfs is built once per machine and cached outside the checkout, in
   a comma-separated list: CI) and nobody builds it; otherwise it skips, saying how to build.
 
 sojourn runs there from this tree (``src/`` bind-mounted read-only), with its dependencies
-(blake3, zstandard, click, rich; at the versions this interpreter has) installed as wheels
+(pyproject's, at the versions this interpreter has) installed as wheels
 for the target, downloaded by this interpreter's pip once per rootfs. numpy is Debian's
 (Debian 13: Python 3.13, numpy 2.2), so a move there also crosses Python and numpy
 versions. Each command runs in its own mount, PID and UTS namespace: a tmpfs on the
@@ -27,11 +27,13 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
 import sys
 import time
+import tomllib
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -42,7 +44,15 @@ ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src"
 BUILD = ROOT / "tools" / "foreign-rootfs"
 SUITE = "stable"
-DEPENDENCIES = ("blake3", "zstandard", "click", "rich")
+
+def _dependencies() -> list[str]:
+    """sojourn's own dependencies, by name, as pyproject.toml lists them."""
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        deps = tomllib.load(f)["project"]["dependencies"]
+    return [re.split(r"[\s<>=!~\[;]", d, maxsplit=1)[0] for d in deps]
+
+
+DEPENDENCIES = _dependencies()
 # Target platform tags for pip: wheels of the manylinux2014 generation run on Debian 13.
 PLATFORMS = {
     "s390x": ["manylinux_2_17_s390x", "manylinux2014_s390x"],
