@@ -101,6 +101,9 @@ class Foreign:
         """Run ``argv`` in the rootfs, in ``cwd``, with ``binds`` (host directories) at their own paths."""
         r = shlex.quote(str(self.root))
         lines = ["set -e",
+                 # A hostname of its own: liveness checks must not take a session there for one
+                 # of the host's (under qemu a process reads its start time a tick off).
+                 f"echo sojourn-{self.arch} > /proc/sys/kernel/hostname",
                  f"mount -t tmpfs sojourn-tmp {r}/tmp",
                  f"mount -t tmpfs sojourn-mnt {r}/mnt",
                  f"mkdir -p {r}/mnt/src",

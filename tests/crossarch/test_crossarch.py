@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 
-from sojourn.capsule.reducers.numpy_order import longdouble_format
 from tests.conftest import KILL_PRELUDE, SRC
 from tests.crossarch.foreign import Foreign, foreign
 
@@ -107,31 +106,31 @@ print("done", repr(float(weights.sum())), np.shares_memory(window, weights))
 
 
 def test_paused_script_moves_there_and_back(machine: Foreign, tmp_path: Path) -> None:
-    """Paused at step 2 here, resumed there, paused again at step 4, finished here: the
-    output is the output of a run that never paused."""
+    """`sojourn run` here pauses at step 2, `sojourn resume` there carries the workspace on
+    and pauses again at step 4, `sojourn resume` here finishes it: the output is the output
+    of a run that never paused."""
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     repo = str(tmp_path / "repo")
     env = _host_env()
-    env["KILLS"] = "2,4"
     plain = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True,
-                           timeout=300, env=dict(env, KILLS=""))
+                           timeout=300, env=env)
     assert plain.returncode == 0, plain.stderr
 
-    engine = ["-m", "sojourn.execution", "--repo", repo]
-    first = subprocess.run([sys.executable, *engine, "run", str(script)], cwd=tmp_path, capture_output=True,
-                           text=True, timeout=300, env=env)
+    cli = ["-m", "sojourn.cli.main"]
+    env["KILLS"] = "2,4"  # the script's own SIGTERMs; the set travels with it
+    first = subprocess.run([sys.executable, *cli, "run", "--repo", repo, str(script)], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=300, env=env)
     assert first.returncode == EXIT_PAUSED, first.stderr
-    cap1 = re.search(r"capsule (cap_[0-9a-f]+)", first.stderr)
-    assert cap1, first.stderr
+    ws = re.search(r"workspace (ws_[0-9a-z]+)", first.stderr)
+    assert ws, first.stderr
 
-    second = machine.run(["python3", *engine, "resume", cap1.group(1)], cwd=tmp_path, binds=_binds(tmp_path))
+    second = machine.run(["python3", *cli, "resume", "--repo", repo, "--python", "/usr/bin/python3", ws.group(1)],
+                         cwd=tmp_path, binds=_binds(tmp_path))
     assert second.returncode == EXIT_PAUSED, f"on {machine.arch}:\n{second.stdout}\n{second.stderr}"
-    cap2 = re.search(r"capsule (cap_[0-9a-f]+)", second.stderr)
-    assert cap2, second.stderr
 
-    third = subprocess.run([sys.executable, *engine, "resume", cap2.group(1)], cwd=tmp_path, capture_output=True,
-                           text=True, timeout=300, env=env)
+    third = subprocess.run([sys.executable, *cli, "resume", "--repo", repo, "--python", sys.executable, ws.group(1)],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
     assert third.returncode == 0, third.stderr
     assert first.stdout + second.stdout + third.stdout == plain.stdout
     assert all(seg.stdout for seg in (first, second, third))  # each machine ran steps
@@ -154,6 +153,7 @@ def test_long_double_values_are_refused_where_they_mean_other_numbers(machine: F
     """x86_64's float128 is 80-bit extended precision; arm64's and s390x's is IEEE quad: the
     same bytes are other numbers there, which the fingerprints (over bytes) cannot see."""
     import sojourn
+    from sojourn.capsule.reducers.numpy_order import longdouble_format
 
     if longdouble_format() != "63/15/16":
         pytest.skip("this machine's long double is not x86's extended precision")
