@@ -263,21 +263,26 @@ def consistent(view: Any, root: Any, offset: int, pickler: Any = None) -> bool:
     steps = [abs(s) for s, n in zip(view.strides, view.shape, strict=True) if n > 1]
     if view.dtype is root.dtype and offset % P == 0 and all(s % P == 0 for s in steps):
         return True
-    rs, rc = _units(root.dtype, pickler)
-    vs, vc = _units(view.dtype, pickler)
-    if not rs and not vs:
-        return True
     if P == 0 or V == 0:
         return True
     g = math.gcd(P, *steps)
-    for shift in range(offset % g, P, g):
-        for b, unit in vs.items():
-            if rs.get((shift + b) % P) != unit:
-                return False
-        for b in range(V):
-            if b not in vc and (shift + b) % P in rc:
-                return False
-    return True
+    # Many views share a layout (a structured array's field taken again and again).
+    key = (id(root.dtype), id(view.dtype), offset % g, g)
+    cache = getattr(pickler, "_sj_consistent", None) if pickler is not None else None
+    if cache is not None and key in cache:
+        return bool(cache[key][0])
+    rs, rc = _units(root.dtype, pickler)
+    vs, vc = _units(view.dtype, pickler)
+    ok = (not rs and not vs) or all(
+        all(rs.get((shift + b) % P) == unit for b, unit in vs.items())
+        and not any(b not in vc and (shift + b) % P in rc for b in range(V))
+        for shift in range(offset % g, P, g)
+    )
+    if pickler is not None:
+        if cache is None:
+            cache = pickler._sj_consistent = {}
+        cache[key] = (ok, root.dtype, view.dtype)  # the dtypes keep their ids unique
+    return ok
 
 
 def rebase(dtype: Any, root: Any, offset: int) -> Any:
@@ -495,6 +500,8 @@ _FORMAT_NAMES = {"63/15/16": "x86's 80-bit extended precision", "63/15/12": "x86
 
 
 def has_longdouble(d: Any) -> bool:
+    if d.names is None and d.subdtype is None:
+        return d.char in ("g", "G")
     return any(x.char in ("g", "G") for x in leaves(d))
 
 
