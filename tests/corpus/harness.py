@@ -213,14 +213,16 @@ class Session:
             time.sleep(0.02)
         return None
 
-    def running_since(self, timeout: float = 120) -> float:
-        """When the program started (or resumed) running: the command's line that says so."""
+    def running_since(self, startup: float, timeout: float = 120) -> float:
+        """When the program started (or resumed) running: the command's line that says so,
+        plus ``startup``, the time sojourn's engine takes from there to the first statement."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             err = self.stderr()
             if ") started;" in err or ") resumed from" in err or self.proc.poll() is not None:
-                return time.monotonic()
+                break
             time.sleep(0.02)
+        self.wait(startup)
         return time.monotonic()
 
     def wait(self, timeout: float) -> int | None:
@@ -236,6 +238,36 @@ class Session:
             self.proc.wait()
         self._out.close()
         self._err.close()
+
+
+_STARTUP: dict[str, float] = {}
+
+
+def startup(version: str, cache: Path) -> float:
+    """Seconds from `sojourn run`'s "started" line to a script's first statement, measured
+    once per interpreter on a two-line script (several seconds on a loaded machine). The
+    random points of a run are drawn in the program's own running time, counted from there;
+    a pause asked for before that is the start-up's (finding C3), not a point of the program."""
+    if version in _STARTUP:
+        return _STARTUP[version]
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir=cache.parent if cache.parent.exists() else None) as tmp:
+        base = Path(tmp)
+        (base / "work").mkdir()
+        (base / "work" / "first.py").write_text("print('first statement', flush=True)\n")
+        env = environment(base, base, cache)
+        sess = Session(str(PYTHONS[version]), ["run", "first.py"], base / "work", env, base, 0)
+        try:
+            sess.workspace()
+            t0 = time.monotonic()
+            while "first statement" not in sess.out_path.read_text() and sess.proc.poll() is None:
+                time.sleep(0.01)
+            _STARTUP[version] = time.monotonic() - t0
+            sess.wait(60)
+        finally:
+            sess.close()
+    return _STARTUP[version]
 
 
 def _refusals(text: str) -> list[str]:
@@ -311,7 +343,7 @@ def run_program(prog: Program, base: Path, cache: Path, seed: int, pauses: int,
             return out
         done_at = 0.0  # program time (seconds of the unmoved run) already behind us
         for i in range(pauses):
-            t0 = sess.running_since()
+            t0 = sess.running_since(startup(order[min(n, len(order) - 1)], cache))
             delay = max(0.0, points[i] - done_at)
             if sess.wait(delay) is not None:
                 break  # ended before this pause was due: no more pauses asked for

@@ -10,7 +10,7 @@ unmoved run takes a few seconds on one core.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from tests.corpus import synthetic
@@ -36,9 +36,16 @@ class Program:
     deadline: float = 60.0  # seconds a pause may wait for a statement boundary
     note: str = ""
     xfail: str = ""  # a finding's reference (corpus-findings.md) while it is open
-    ci: bool = True
-    extra: dict[str, str] = field(default_factory=dict)
 
+
+# Open findings (/work/coord/corpus-findings.md, forwarded to their owners): a failure whose
+# text matches one is that finding, and the test is an expected failure naming it; the bench
+# table counts it as a failure all the same. A failure that matches none is a new finding.
+FINDINGS: dict[str, str] = {
+    "C1": r"failed its write check: NameError: name '\w+' is not defined",
+    "C2": r"RecursionError: maximum recursion depth exceeded",
+    "C3": r"the session was killed by SIGTERM",
+}
 
 PYPERF = "pyperformance-1.14.0"
 BM = "pyperformance/data-files/benchmarks"
@@ -99,6 +106,22 @@ PROGRAMS += [
              "(tests/corpus/standins/corpus_data.py).",
         timeout=300,
     ),
+    Program(
+        name="scikit-learn/plot_lasso_dense_vs_sparse_data", kind="scikit-learn", source=SKLEARN,
+        files={"plot_lasso_dense_vs_sparse_data.py": "examples/linear_model/plot_lasso_dense_vs_sparse_data.py"},
+        entry="plot_lasso_dense_vs_sparse_data.py", libs=("sklearn", "scipy"),
+        filters=(r"^(Sparse|Dense) Lasso done in ",),
+        note="Synthetic data of its own (make_regression); dense numpy and scipy.sparse matrices. "
+             "Its four 'Lasso done in N s' lines are timings (filtered).",
+        timeout=300,
+    ),
+    Program(
+        name="scikit-learn/plot_metadata_routing", kind="scikit-learn", source=SKLEARN,
+        files={"plot_metadata_routing.py": "examples/miscellaneous/plot_metadata_routing.py"},
+        entry="plot_metadata_routing.py", libs=("sklearn",),
+        note="Its own data (numpy's default_rng(42)); many estimator classes defined in the script.",
+        timeout=300,
+    ),
 ]
 
 LLMS = "llms-from-scratch-1.0.19"
@@ -141,17 +164,18 @@ def _losses(test: str, a: str, b: str) -> tuple[tuple[str, str, str], ...]:
 
 PROGRAMS += [
     _llms_test(
-        "test_ch05", "test_train_simple", ["GPTModel", "GPTModelFast"],
+        "test_ch05", "test_train_simple", ["GPTModel"],
         _sizes("test_ch05", "    ", [('"context_length": 256,', '"context_length": 64,'),
                                       ('"emb_dim": 768,', '"emb_dim": 64,'),
                                       ('"n_heads": 12,', '"n_heads": 4,'),
                                       ('"n_layers": 12,', '"n_layers": 2,'),
-                                      ('"num_epochs": 2,', '"num_epochs": 12,')])
+                                      ('"num_epochs": 2,', '"num_epochs": 6,')])
         + _losses("test_ch05", "7.6", "10.1")
         + (("run_test_ch05.py", "import test_ch05\n",
-            "import test_ch05\nfrom llms_from_scratch.ch04 import GPTModel, GPTModelFast\n"),),
+            "import test_ch05\nfrom llms_from_scratch.ch04 import GPTModel\n"),),
         synthetic.the_verdict,
-        "Sizes: a 2-layer, 64-wide GPT on 64-token contexts for 12 epochs (the test's is GPT-2 124M, 2 epochs).",
+        "Sizes: a 2-layer, 64-wide GPT on 64-token contexts for 6 epochs (the test's is GPT-2 124M, 2 epochs); "
+        "the GPTModel case of its parametrization.",
     ),
     _llms_test(
         "test_appendix_d", "test_train", [""],

@@ -12,24 +12,31 @@ xfail with that reference; the bench table still counts it as a failure.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
 
 from tests.corpus import harness
-from tests.corpus.manifest import PROGRAMS, Program
+from tests.corpus.manifest import FINDINGS, PROGRAMS, Program
 
 SEED = harness.corpus_seed()
 PAUSES = int(os.environ.get("SOJOURN_CORPUS_PAUSES", "2"))
 
 
 def _param(p: Program) -> object:
-    marks = [] if p.ci else [pytest.mark.slow]
-    if p.kind != "pure-python" and not p.ci:
-        marks.append(pytest.mark.slow)
+    # Programs with torch, pandas or scikit-learn take more than 20 s each (imports, write checks).
+    marks = [] if p.kind == "pure-python" else [pytest.mark.slow]
     if p.xfail:
         marks.append(pytest.mark.xfail(reason=p.xfail, strict=False))
     return pytest.param(p, id=p.name, marks=marks)
+
+
+def _known(text: str) -> str | None:
+    for ref, pattern in FINDINGS.items():
+        if re.search(pattern, text):
+            return ref
+    return None
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +60,9 @@ def test_program_paused_at_random_points_ends_as_an_unmoved_run(prog: Program, t
     print(o.line())
     details = "\n".join(o.refused + o.failed + o.notes + ([o.wrong] if o.wrong else []))
     assert not o.error, o.error
+    ref = None if o.ok else _known(details)
+    if ref is not None:
+        pytest.xfail(f"open finding {ref} (corpus-findings.md): {o.line()}")
     assert not o.lost, f"{o.line()}\n{details}"
     assert not o.failed, f"{o.line()}\n{details}"
     assert not o.wrong, f"{o.line()}\n{details}"
