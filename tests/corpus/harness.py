@@ -64,7 +64,7 @@ class Outcome:
     program: str
     seed: int
     pythons: list[str] = field(default_factory=list)  # the interpreter of each process, in order
-    plain_s: float = 0.0
+    plain_s: float = 0.0  # CPU seconds of the unmoved run
     requested: int = 0
     landed: int = 0
     refused: list[str] = field(default_factory=list)
@@ -177,10 +177,42 @@ def digests(prog: Program, work: Path) -> dict[str, str]:
 
 
 def plain_run(prog: Program, py: str, work: Path, env: dict[str, str], timeout: float) -> tuple[int, str, str, float]:
-    t0 = time.monotonic()
-    p = subprocess.run([py, prog.entry, *prog.args], cwd=work, env=env, capture_output=True, text=True,
-                       timeout=timeout)
-    return p.returncode, p.stdout, p.stderr, time.monotonic() - t0
+    """Exit code, stdout, stderr and the CPU seconds the unmoved run took (CPU time, not
+    wall time: the points of a paused run are drawn in it, whatever the machine's load)."""
+    with open(work.parent / "plain.out", "w+") as out, open(work.parent / "plain.err", "w+") as err:
+        p = subprocess.Popen([py, prog.entry, *prog.args], cwd=work, env=env, stdout=out, stderr=err)
+        deadline = time.monotonic() + timeout
+        while p.poll() is None and time.monotonic() < deadline:
+            cpu = _cpu(p.pid) or 0.0
+            time.sleep(0.05)
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+            cpu = 0.0
+        else:
+            cpu = max(cpu, 0.0)
+        out.seek(0)
+        err.seek(0)
+        return p.returncode, out.read(), err.read(), cpu
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu(pid: int) -> float | None:
+    """User + system CPU seconds of a live process (and its waited-for children)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])) / _TICK
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
 
 
 def cli(py: str, *args: str, env: dict[str, str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -213,17 +245,24 @@ class Session:
             time.sleep(0.02)
         return None
 
-    def running_since(self, startup: float, timeout: float = 120) -> float:
-        """When the program started (or resumed) running: the command's line that says so,
-        plus ``startup``, the time sojourn's engine takes from there to the first statement."""
+    def session_cpu(self) -> float | None:
+        """CPU seconds of the session process (the supervisor's child that runs the program)."""
+        kids = _children(self.proc.pid)
+        return _cpu(kids[0]) if kids else None
+
+    def wait_cpu(self, target: float, timeout: float) -> int | None:
+        """Wait until the session has used ``target`` CPU seconds, or the command ended (its
+        exit code)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            err = self.stderr()
-            if ") started;" in err or ") resumed from" in err or self.proc.poll() is not None:
-                break
+            rc = self.proc.poll()
+            if rc is not None:
+                return rc
+            cpu = self.session_cpu()
+            if cpu is not None and cpu >= target:
+                return None
             time.sleep(0.02)
-        self.wait(startup)
-        return time.monotonic()
+        return None
 
     def wait(self, timeout: float) -> int | None:
         try:
@@ -244,10 +283,10 @@ _STARTUP: dict[str, float] = {}
 
 
 def startup(version: str, cache: Path) -> float:
-    """Seconds from `sojourn run`'s "started" line to a script's first statement, measured
-    once per interpreter on a two-line script (several seconds on a loaded machine). The
-    random points of a run are drawn in the program's own running time, counted from there;
-    a pause asked for before that is the start-up's (finding C3), not a point of the program."""
+    """CPU seconds a session takes before a script's first statement, measured once per
+    interpreter on a one-line script (about 0.5 s). The random points of a run are drawn in
+    the program's own CPU time, counted from there; a pause asked for before that would be
+    the start-up's (finding C3), not a point of the program."""
     if version in _STARTUP:
         return _STARTUP[version]
     import tempfile
@@ -255,15 +294,16 @@ def startup(version: str, cache: Path) -> float:
     with tempfile.TemporaryDirectory(dir=cache.parent if cache.parent.exists() else None) as tmp:
         base = Path(tmp)
         (base / "work").mkdir()
-        (base / "work" / "first.py").write_text("print('first statement', flush=True)\n")
+        (base / "work" / "first.py").write_text("import time\nprint('first statement', flush=True)\ntime.sleep(0.5)\n")
         env = environment(base, base, cache)
         sess = Session(str(PYTHONS[version]), ["run", "first.py"], base / "work", env, base, 0)
         try:
             sess.workspace()
-            t0 = time.monotonic()
+            cpu = 0.0
             while "first statement" not in sess.out_path.read_text() and sess.proc.poll() is None:
+                cpu = sess.session_cpu() or cpu
                 time.sleep(0.01)
-            _STARTUP[version] = time.monotonic() - t0
+            _STARTUP[version] = cpu + 0.1
             sess.wait(60)
         finally:
             sess.close()
@@ -326,7 +366,7 @@ def run_program(prog: Program, base: Path, cache: Path, seed: int, pauses: int,
     shutil.rmtree(logdir, ignore_errors=True)
     logdir.mkdir()
     span = out.plain_s
-    points = sorted(rng.uniform(0.05, 0.9) * span for _ in range(pauses))
+    points = sorted(rng.uniform(0.05, 0.9) * span for _ in range(pauses))  # CPU seconds of the program
     ways = [rng.choice(("suspend", "sigterm")) for _ in range(pauses)]
     order = [usable[(i + 1) % len(usable)] if len(usable) > 1 else usable[0] for i in range(pauses + 1)]
     order[0] = usable[0]
@@ -343,9 +383,9 @@ def run_program(prog: Program, base: Path, cache: Path, seed: int, pauses: int,
             return out
         done_at = 0.0  # program time (seconds of the unmoved run) already behind us
         for i in range(pauses):
-            t0 = sess.running_since(startup(order[min(n, len(order) - 1)], cache))
             delay = max(0.0, points[i] - done_at)
-            if sess.wait(delay) is not None:
+            base_cpu = startup(order[min(n, len(order) - 1)], cache)
+            if sess.wait_cpu(base_cpu + delay, prog.timeout * 3) is not None:
                 break  # ended before this pause was due: no more pauses asked for
             refusals_before = len(_refusals(sess.stderr()))
             out.requested += 1
@@ -368,7 +408,7 @@ def run_program(prog: Program, base: Path, cache: Path, seed: int, pauses: int,
                 new = _refusals(sess.stderr())[refusals_before:]
                 msg = new[0] if new else (sus.stdout.strip() or sus.stderr.strip() if sus else "no answer")
                 out.refused.append(f"pause {i + 1} ({ways[i]}): {msg}")
-                done_at = points[i] + (time.monotonic() - t0 - delay)
+                done_at = points[i] + max(0.0, (sess.session_cpu() or 0.0) - base_cpu - delay)
                 continue
             if rc == 75:
                 rec = _show(env, work, ws)
@@ -469,7 +509,7 @@ def programs(names: list[str] | None = None) -> Iterator[Program]:
 
 
 def table(outcomes: list[Outcome]) -> str:
-    rows = [("program", "kind", "pythons", "unmoved s", "requested", "landed", "refused", "missed", "failed",
+    rows = [("program", "kind", "pythons", "unmoved CPU s", "requested", "landed", "refused", "missed", "failed",
              "lost", "output")]
     kinds = {p.name: p.kind for p in PROGRAMS}
     for o in outcomes:
