@@ -368,8 +368,7 @@ def run_program(prog: Program, base: Path, cache: Path, seed: int, pauses: int,
     span = out.plain_s
     points = sorted(rng.uniform(0.05, 0.9) * span for _ in range(pauses))  # CPU seconds of the program
     ways = [rng.choice(("suspend", "sigterm")) for _ in range(pauses)]
-    order = [usable[(i + 1) % len(usable)] if len(usable) > 1 else usable[0] for i in range(pauses + 1)]
-    order[0] = usable[0]
+    order = [usable[i % len(usable)] for i in range(pauses + 1)]  # 3.11, 3.12, 3.13, 3.11, ...
     t_start = time.monotonic()
     n = 0
     sess = Session(str(PYTHONS[order[0]]), ["run", "--scan-interval", "0", prog.entry, *prog.args], work, env, logdir, n)
