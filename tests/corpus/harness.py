@@ -8,7 +8,7 @@ beside them (``manifest.py`` says which file of which archive, what replaces dat
 and which output lines are timings).
 
 A run's pauses are drawn from one seed (``SOJOURN_CORPUS_SEED`` replays it): for each pause, a
-point in the program's unmoved running time and a way to ask (``sojourn suspend`` or SIGTERM
+point in the program's unmoved CPU time (5-80 %) and a way to ask (``sojourn suspend`` or SIGTERM
 to the ``sojourn run``/``resume`` command). What is counted, per program:
 
 * requested: pauses asked for while the program was running;
@@ -16,7 +16,9 @@ to the ``sojourn run``/``resume`` command). What is counted, per program:
 * refused: the program was told no and kept running (the messages are kept);
 * missed: the program ended before a requested pause landed (not a refusal: nothing said no);
 * failed: the pause ended the process without a checked capsule (exit 76, a failed write
-  check); the job is *lost* when nothing is left to resume from;
+  check), or a resume was refused (then the job carries on from the same capsule on the first
+  interpreter); the job is *lost* when nothing is left to resume from, or the resumed
+  program cannot finish;
 * wrong: the finished program's stdout (``sojourn logs``), less the manifest's timing lines,
   differs from the unmoved run's, or a compared output file differs.
 """
@@ -366,7 +368,7 @@ def run_program(prog: Program, base: Path, cache: Path, seed: int, pauses: int,
     shutil.rmtree(logdir, ignore_errors=True)
     logdir.mkdir()
     span = out.plain_s
-    points = sorted(rng.uniform(0.05, 0.9) * span for _ in range(pauses))  # CPU seconds of the program
+    points = sorted(rng.uniform(0.05, 0.8) * span for _ in range(pauses))  # CPU seconds of the program
     ways = [rng.choice(("suspend", "sigterm")) for _ in range(pauses)]
     order = [usable[i % len(usable)] for i in range(pauses + 1)]  # 3.11, 3.12, 3.13, 3.11, ...
     t_start = time.monotonic()
@@ -380,8 +382,11 @@ def run_program(prog: Program, base: Path, cache: Path, seed: int, pauses: int,
             out.failed.append(f"`sojourn run` ended before naming a workspace: {sess.stderr()[-2000:]}")
             out.lost = True
             return out
-        done_at = 0.0  # program time (seconds of the unmoved run) already behind us
-        for i in range(pauses):
+        done_at = 0.0  # program time (CPU seconds of the unmoved run) already behind us
+        retried = False
+        pending = list(range(pauses))
+        while pending:
+            i = pending.pop(0)
             delay = max(0.0, points[i] - done_at)
             base_cpu = startup(order[min(n, len(order) - 1)], cache)
             if sess.wait_cpu(base_cpu + delay, prog.timeout * 3) is not None:
@@ -430,11 +435,34 @@ def run_program(prog: Program, base: Path, cache: Path, seed: int, pauses: int,
             # Anything else ended the process without a checked capsule.
             rec = _show(env, work, ws)
             detail = (sus.stdout + sus.stderr).strip() if sus else ""
+            if rec.get("state") == "suspended" and not retried:
+                # The resume itself was refused (its capsule is still the workspace's): not a
+                # lost job. Counted as failed; the job carries on from there on the first
+                # interpreter, and this pause is asked for again.
+                out.failed.append(f"resume on {out.pythons[-1]} (pause {i + 1} pending): exit {rc}: {rec.get('detail')}")
+                out.requested -= 1
+                retried = True
+                n += 1
+                sess = Session(str(PYTHONS[usable[0]]), ["resume", ws, "--python", str(PYTHONS[usable[0]])], work,
+                               env, logdir, n)
+                sessions.append(sess)
+                out.pythons.append(usable[0])
+                pending.insert(0, i)
+                continue
             out.failed.append(f"pause {i + 1} ({ways[i]}): exit {rc}, workspace {rec.get('state')}: "
                               f"{rec.get('detail')} {detail} {_tail(sess.stderr())}")
             out.lost = not rec.get("last_capsule") or rec.get("state") not in ("suspended", "failed")
             return out
         rc = sess.wait(prog.timeout * 3 + 120)
+        if rc not in (0, None) and not retried and _show(env, work, ws).get("state") == "suspended":
+            rec = _show(env, work, ws)
+            out.failed.append(f"resume on {out.pythons[-1]}: exit {rc}: {rec.get('detail')}")
+            n += 1
+            sess = Session(str(PYTHONS[usable[0]]), ["resume", ws, "--python", str(PYTHONS[usable[0]])], work,
+                           env, logdir, n)
+            sessions.append(sess)
+            out.pythons.append(usable[0])
+            rc = sess.wait(prog.timeout * 3 + 120)
         if rc is None:
             out.failed.append(f"the program did not end within {prog.timeout * 3 + 120:.0f} s")
             out.lost = True
