@@ -74,7 +74,7 @@ PROGRAMS: list[Program] = [
     _bm("raytrace", ("--loops", "4", "--filename", "raytrace.ppm"), "The picture it writes is compared.",
         outputs=("raytrace.ppm",)),
     _bm("hexiom", ("--loops", "120", "--level", "25"), "It checks its own solution against the expected one."),
-    _bm("chaos", ("--loops", "1", "--iterations", "20000", "--filename", "chaos.ppm"),
+    _bm("chaos", ("--loops", "1", "--iterations", "60000", "--filename", "chaos.ppm"),
         "It seeds random itself (--rng-seed, default 1234); the picture it writes is compared.",
         outputs=("chaos.ppm",)),
 ]
