@@ -46,7 +46,7 @@ FINDINGS: dict[str, str] = {
     "C2": r"RecursionError: maximum recursion depth exceeded",
     "C3": r"the session was killed by SIGTERM",
     "C4": r"cannot access free variable '\w+' where it is not associated with a value",
-    "C5": r"fingerprint mismatch after restore for '<process>'",
+    "C5/C7": r"fingerprint mismatch after restore for '<process>'",
     "C6": r"fingerprint mismatch after restore for '(search_cv|grid_search|cv_results\w*)'",
 }
 
