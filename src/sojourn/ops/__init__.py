@@ -18,6 +18,7 @@ from sojourn.ops.capsules import (
 )
 from sojourn.ops.history import checkpoint, fork, gc, history
 from sojourn.ops.machines import MachineInfo, machines, remove_machine, set_machine
+from sojourn.ops.repository import RepositoryInfo, init_repository
 from sojourn.ops.workspaces import (
     DetachedSession,
     WorkspaceDetail,
@@ -37,6 +38,7 @@ __all__ = [
     "DetachedSession",
     "MachineInfo",
     "PathLike",
+    "RepositoryInfo",
     "VariableInfo",
     "VerifyReport",
     "WorkspaceDetail",
@@ -47,6 +49,7 @@ __all__ = [
     "fork",
     "gc",
     "history",
+    "init_repository",
     "inspect",
     "logs",
     "machines",
