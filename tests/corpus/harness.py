@@ -451,7 +451,10 @@ def run_program(prog: Program, base: Path, cache: Path, seed: int, pauses: int,
                 continue
             out.failed.append(f"pause {i + 1} ({ways[i]}): exit {rc}, workspace {rec.get('state')}: "
                               f"{rec.get('detail')} {detail} {_tail(sess.stderr())}")
-            out.lost = not rec.get("last_capsule") or rec.get("state") not in ("suspended", "failed")
+            # A failed pause (76, killed by the signal) leaves the last good capsule; a program
+            # that crashed after a resume (exit 1 with a traceback) cannot finish: lost.
+            crashed = rc not in (76, 128 + signal.SIGTERM, -signal.SIGTERM)
+            out.lost = crashed or not rec.get("last_capsule") or rec.get("state") not in ("suspended", "failed")
             return out
         rc = sess.wait(prog.timeout * 3 + 120)
         if rc not in (0, None) and not retried and _show(env, work, ws).get("state") == "suspended":
