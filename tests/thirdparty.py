@@ -49,6 +49,32 @@ pin("cloudpickle-2.2.1",
     "LICENSE")
 
 
+# Real programs for the corpus (tests/corpus): pyperformance's benchmark programs (pure Python).
+pin("pyperformance-1.14.0",
+    "https://files.pythonhosted.org/packages/9e/bc/ebc48f2af24abe0d13681ac7ccb21c3f0ed0128361522f5904d4f21953e9/"
+    "pyperformance-1.14.0.tar.gz",
+    "91f74393997b604375ad5b79bf569a24076d70181c076a53abad5383a238a8aa",
+    "COPYING")
+
+# numpy's benchmarks (asv classes), scikit-learn's examples, and the book code of "Build a
+# Large Language Model From Scratch" with its tests (torch): corpus programs too.
+pin("numpy-2.5.5",
+    "https://files.pythonhosted.org/packages/4e/3a/8770c288c47f0b5c2a786d3c20e79f66fd245f2d42cd232d7cd5e00e83e5/"
+    "numpy-2.5.5.tar.gz",
+    "5cddc243c75114ba845f01b1f87aca1572dbf7b6c2d88636ed3e1d2bccd7f1bf",
+    "LICENSE.txt")
+pin("scikit-learn-1.9.1",
+    "https://files.pythonhosted.org/packages/d2/eb/eaf5e07fcc0da7149b0e084f24e54edd7441b9a89ce7e034032ae97fe3a0/"
+    "scikit_learn-1.9.1.tar.gz",
+    "629cada3e33e2b9bf376cdc7614a47a4140b8aedc1d836579e359736fbd82977",
+    "COPYING")
+pin("llms-from-scratch-1.0.19",
+    "https://files.pythonhosted.org/packages/4d/85/faa3358e35679c4446bb8969e6b2d05661dbe6906da5a401974f7de57953/"
+    "llms_from_scratch-1.0.19.tar.gz",
+    "ad1e5ff0e58791eb2472017b7185746616b56cec76308bcb40d1d2a11778c35a",
+    "LICENSE.txt")
+
+
 def cache_dir() -> Path:
     return Path(os.environ.get("SOJOURN_THIRD_PARTY_CACHE") or Path.home() / ".cache" / "sojourn" / "third-party")
 
