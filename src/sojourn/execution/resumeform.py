@@ -178,17 +178,18 @@ def module_resume_code(tm: TransformedModule, rec: FrameRecord) -> types.CodeTyp
     return _compile(ast.Module(body=body, type_ignores=[]), tm.filename)
 
 
-def definitions_code(tm: TransformedModule, upto: int) -> types.CodeType:
-    """The imports, functions and classes the module had defined before statement ``upto``."""
+def imports_code(tm: TransformedModule, upto: int) -> list[types.CodeType]:
+    """The module's top-level imports before statement ``upto``, one code object each (the
+    only statements of a resumed main script that run again: definitions come back from the
+    capsule)."""
     tree, _ = tm.clean()
-    keep = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
-    body: list[ast.stmt] = []
+    out = []
     for S in tree.body[:upto]:
-        if isinstance(S, keep):
+        if isinstance(S, ast.Import) or (isinstance(S, ast.ImportFrom) and S.module != "__future__"):
             S2: ast.stmt = copy.deepcopy(S)
             S2._sj_nocheck = True  # type: ignore[attr-defined]
-            body.append(S2)
-    return _compile(ast.Module(body=body, type_ignores=[]), tm.filename)
+            out.append(_compile(ast.Module(body=[S2], type_ignores=[]), tm.filename))
+    return out
 
 
 def class_code(tm: TransformedModule, qualname: str, first: int) -> types.CodeType:
@@ -353,4 +354,4 @@ def variant_args(fn: types.FunctionType, rec: FrameRecord) -> tuple[Any, ...]:
     return (rec,)
 
 
-__all__ = ["BOOT", "definitions_code", "module_resume_code", "variant_args", "variant_function"]
+__all__ = ["BOOT", "imports_code", "module_resume_code", "variant_args", "variant_function"]

@@ -5,8 +5,9 @@ machinery installed. ``resume`` does, in a fresh process:
 
 1. read the capsule's manifest (nothing unpickled yet) and refuse if a source changed, or if
    this Python parses it into a different layout;
-2. compile the sources again (in normal form) and define again the main script's top-level
-   imports, functions and classes that came before the paused statement;
+2. compile the sources again (in normal form) and run again the main script's top-level
+   imports that came before the paused statement (no definition: functions and classes come
+   back from the capsule with their state);
 3. restore the capsule into the main script's globals (fingerprints checked), then the other
    modules' globals, and run the rebuilt generators up to where they stopped;
 4. run the main script's resume copy, which re-enters every saved frame in turn.
@@ -162,6 +163,37 @@ def _check_sources(info: dict[str, Any], script: Path) -> None:
         )
 
 
+def _program_path(info: dict[str, Any], script: Path) -> None:
+    """Put back the folders of the workspace that the program had put on ``sys.path``
+    (``sys.path.insert(0, "lib")``: the statement does not run again), where the script is
+    now, in their order, after the script's own folder. Folders outside the script's are not
+    the program's to carry (another machine's, another Python's site-packages)."""
+    old = os.path.dirname(info["script"])
+    found = []
+    for entry in info.get("sys_path", []):
+        if not isinstance(entry, str) or not entry:
+            continue
+        rel = os.path.relpath(os.path.abspath(entry), old) if os.path.isabs(entry) else None
+        if rel is None or rel.startswith(".."):
+            continue
+        here = os.path.normpath(os.path.join(script.parent, rel))
+        if here not in sys.path and here not in found and os.path.exists(here):
+            found.append(here)
+    sys.path[1:1] = found
+
+
+def _import_again(codes: list[types.CodeType], ns: dict[str, Any]) -> None:
+    """Run the main script's imports again (their side effects, submodules a module reference
+    does not import). One that fails here may have needed state of the statements that do
+    not run again (``sys.path.insert`` before it): the capsule imports every module it
+    refers to by itself, and says so if one cannot be found."""
+    for code in codes:
+        try:
+            exec(code, ns)
+        except ImportError:
+            pass
+
+
 def resume(
     capsule_id: str,
     *,
@@ -190,7 +222,7 @@ def resume(
     from sojourn.capsule import format as fmt
     from sojourn.capsule.restore import restore_capsule
     from sojourn.execution.reducers import prime_rebuilt
-    from sojourn.execution.resumeform import definitions_code, module_resume_code
+    from sojourn.execution.resumeform import imports_code, module_resume_code
     from sojourn.execution.transform import REC
     from sojourn.repository.repo import open_repository
 
@@ -216,11 +248,8 @@ def resume(
         if run:  # signals that arrive while the capsule loads are held until the program runs
             ctl = pause.start(_config(repo, on_capsule, on_refusal, manifest.id, files, labels, signals, scan_interval,
                                       on_oom))
-        top = int(info["main_top"])
-        from sojourn.execution.checkpoint import definitions_before
-
-        RUNTIME.main_definitions = definitions_before(RUNTIME, top)
-        exec(definitions_code(tm, top), main.__dict__)
+        _program_path(info, script)
+        _import_again(imports_code(tm, int(info["main_top"])), main.__dict__)
         t_defs = time.perf_counter()
         restored = restore_capsule(r, manifest.id, files_to=files_to, into=main.__dict__)
     state = restored.process[LABEL]

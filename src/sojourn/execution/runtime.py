@@ -155,9 +155,6 @@ class Runtime:
         self.on_pause: PauseHook | None = None
         self.on_oom: OomHook | None = None
         self.variants: dict[tuple[Any, ...], types.CodeType] = {}
-        # Top-level def/class names of the main script that a resume defines again before it
-        # restores the capsule: those travel by name (see reducers).
-        self.main_definitions: frozenset[str] = frozenset()
         self.previous_main: types.ModuleType | None = None  # the __main__ the script replaced
 
     # -- modules ---------------------------------------------------------------------------
