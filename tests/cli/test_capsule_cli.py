@@ -52,3 +52,40 @@ def test_errors_are_one_clear_line(tmp_path: Path) -> None:
     assert out.returncode == 2
     assert out.stderr.startswith("sojourn: error: no sojourn repository at")
     assert "Traceback" not in out.stderr
+
+
+def test_verify_checks_a_paused_programs_capsule_as_its_write_check_does(tmp_path: Path) -> None:
+    from tests.workspace.conftest import Shell
+
+    sh = Shell(tmp_path)
+    sh.write("prog.py", """
+        import dataclasses
+        SCALE = 3
+        @dataclasses.dataclass
+        class Point:
+            x: int = SCALE
+            def scaled(self, k=SCALE):
+                return self.x * k
+        def step(p, i):
+            return p.scaled() + i
+        p = Point()
+        for i in range(4):
+            kill_here(i)
+            print(step(p, i), flush=True)
+    """)
+    run = sh.cli("run", "prog.py", env={"KILLS": "2"})
+    assert run.returncode == 75, run.stderr
+    cap = sh.show(sh.show_id(run.stderr))["capsules"][-1]["id"]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    ok = sojourn_cmd("verify", cap, "--repo", sh.repo, cwd=elsewhere)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert f"{cap}: OK" in ok.stdout and "fingerprints matched" in ok.stdout
+    report = json.loads(sojourn_cmd("verify", cap, "--repo", sh.repo, "--json", cwd=elsewhere).stdout)
+    assert report["ok"] and {v["name"] for v in report["variables"]} >= {"Point", "step", "p"}
+    # What the write check would refuse, verify refuses, with the check's reason (an edit of
+    # code the paused program has run).
+    prog = sh.dir / "prog.py"
+    prog.write_text(prog.read_text().replace("p = Point()", "p = Point(5)"))
+    bad = sojourn_cmd("verify", cap, "--repo", sh.repo, cwd=elsewhere)
+    assert bad.returncode == 1 and "FAILED" in bad.stderr and "prog.py" in bad.stderr, bad.stderr

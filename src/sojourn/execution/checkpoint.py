@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from sojourn.execution.pause import PauseConfig, PauseEvent, _Request
 
 LABEL = "sojourn.execution"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: no definition of the main script runs again on resume
 
 
 def position_at(rt: Runtime, frame: types.FrameType, sid: int) -> Position:

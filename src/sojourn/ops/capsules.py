@@ -171,35 +171,55 @@ def verify(
     python: str | None = None,
     timeout: float = 600.0,
 ) -> VerifyReport:
-    """Restore the capsule in a fresh interpreter and compare every fingerprint there."""
+    """Restore the capsule in a fresh interpreter and compare every fingerprint there.
+
+    A paused program's capsule is checked as its session's write check does (``python -m
+    sojourn.execution check``: its sources found, the statement layout the same, the
+    program's modules compiled again, then the capsule restored and every fingerprint
+    compared, nothing run), in a scratch folder holding the capsule's workspace files."""
     import tempfile
+
+    from sojourn.execution.checkpoint import LABEL
 
     with open_repository(repo) as r:
         from sojourn.capsule import format as fmt
 
         cap = fmt.resolve_id(r, capsule_id)
+        manifest = fmt.load_manifest(r, cap)
         url = r.url
-    t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="sojourn-verify-") as tmp:
-        cmd = [python or sys.executable, "-m", "sojourn.capsule._verify_child", cap, url, tmp]
-        env = dict(os.environ)
-        src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=tmp, env=env)
-        except subprocess.TimeoutExpired:
-            return VerifyReport(cap, False, "", error=f"the verifying interpreter did not finish in {timeout:.0f} s")
+        program = isinstance(manifest.labels.get(LABEL), dict)
+        t0 = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix="sojourn-verify-") as tmp:
+            if program:
+                from sojourn.workspace.files import materialize
+
+                materialize(r, cap, tmp)  # where a resume on another machine finds them
+                cmd = [python or sys.executable, "-m", "sojourn.execution", "--repo", url, "check", cap]
+            else:
+                cmd = [python or sys.executable, "-m", "sojourn.capsule._verify_child", cap, url, tmp]
+            env = dict(os.environ)
+            src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+            env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=tmp, env=env,
+                                      stdin=subprocess.DEVNULL)
+            except subprocess.TimeoutExpired:
+                return VerifyReport(cap, False, "", error=f"the verifying interpreter did not finish in {timeout:.0f} s")
     seconds = time.perf_counter() - t0
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if not lines:
         err = proc.stderr.strip().splitlines()
         return VerifyReport(cap, False, "", seconds=seconds, error=err[-1] if err else f"exit code {proc.returncode}")
     data = json.loads(lines[-1])
+    variables = data.get("variables")
+    if program:  # the check compared them all, or failed
+        variables = [{"name": v.name, "type": v.type, "fingerprint": v.fingerprint, "match": True}
+                     for v in manifest.variables] if data.get("ok") else []
     return VerifyReport(
         capsule=cap,
         ok=bool(data["ok"]),
         python=data.get("python", ""),
-        variables=data.get("variables", []),
+        variables=variables or [],
         seconds=seconds,
         error=data.get("error"),
         notes=data.get("notes", []),
