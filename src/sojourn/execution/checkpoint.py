@@ -22,7 +22,7 @@ from sojourn.errors import Problem
 from sojourn.execution import position
 from sojourn.execution.autograd import direct_live, live_graphs, released_bindings
 from sojourn.execution.position import Deferred, Position, Refused
-from sojourn.execution.reducers import set_capture
+from sojourn.execution.reducers import frame_entry, set_capture
 from sojourn.execution.runtime import Runtime
 from sojourn.execution.transform import TRANSFORM_VERSION
 
@@ -126,9 +126,12 @@ def label_data(rt: Runtime, pos: Position, reason: str) -> dict[str, Any]:
         "where": pos.describe(),
         "reason": reason,
         "sources": {
-            name: {"path": tm.filename, "sha256": tm.layout.sha256, "digest": tm.layout.digest}
+            name: {"path": tm.filename, "sha256": tm.layout.sha256, "digest": tm.layout.digest, "text": tm.source}
             for name, tm in rt.modules.items()
         },
+        # The frames that carry on from a statement (generators are added as they are
+        # pickled): a resume from an edited source checks that the edit leaves them alone.
+        "frames": [frame_entry(r) for r in pos.records],
     }
 
 
@@ -150,7 +153,7 @@ def write_capsule(rt: Runtime, pos: Position, config: PauseConfig, req: _Request
     for scope, name, detached in swaps:
         scope[name] = detached
     t0 = time.perf_counter()
-    set_capture(pos)
+    set_capture(pos, labels[LABEL]["frames"])
     try:
         with open_repository(config.repo, create=True) as repo:
             if low_memory:

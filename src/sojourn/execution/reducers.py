@@ -40,9 +40,12 @@ from sojourn.capsule.registry import register
 from sojourn.execution.position import FrameRecord, Position, frame_locals, span_at
 from sojourn.execution.runtime import BOOT, RUNTIME, TransformedModule
 
-# What the current capture knows about frames on the stack (set by the pause controller).
+# What the current capture knows about frames on the stack (set by the pause controller),
+# and where it lists the generators' frames (the capsule's label: a resume from an edited
+# source checks them).
 _CAPTURE: Position | None = None
 _USED: set[int] = set()
+_FRAMES: list[dict[str, Any]] | None = None
 
 # Generators rebuilt in this process that have not moved since: they reduce to the record they
 # were rebuilt from (the fixpoint a fingerprint check needs). Value: [record, f_lasti or None].
@@ -50,10 +53,22 @@ _REBUILT: weakref.WeakKeyDictionary[types.GeneratorType, list[Any]] = weakref.We
 _PENDING: list[types.GeneratorType] = []
 
 
-def set_capture(position: Position | None) -> None:
-    global _CAPTURE
+def set_capture(position: Position | None, frames: list[dict[str, Any]] | None = None) -> None:
+    global _CAPTURE, _FRAMES
     _CAPTURE = position
+    _FRAMES = frames
     _USED.clear()
+
+
+def frame_entry(rec: FrameRecord) -> dict[str, Any]:
+    """What a capsule's label says of a frame that carries on from a statement."""
+    return {"module": rec.module, "scope": rec.scope, "sid": rec.sid, "where": rec.where}
+
+
+def _listed(rec: FrameRecord) -> FrameRecord:
+    if _FRAMES is not None:
+        _FRAMES.append(frame_entry(rec))
+    return rec
 
 
 def unused_running() -> list[FrameRecord]:
@@ -118,9 +133,14 @@ def _member(cls: type, name: str, part: str) -> Any:
 # -- functions and classes ------------------------------------------------------------------------
 
 
+def _remap(module: str) -> Any:
+    return RUNTIME.remaps.get(module)
+
+
 def _make_function(module: str, scope: str, name: str, qualname: str, cells: dict[str, Any]) -> types.FunctionType:
     tm = RUNTIME.module(module)
-    code = tm.scope_code[scope]
+    remap = _remap(module)
+    code = tm.scope_code[remap.scope(scope) if remap is not None else scope]
     closure = tuple(cells[n] if n in cells else types.CellType() for n in code.co_freevars)
     fn = types.FunctionType(code, tm.namespace, name, None, closure or None)
     fn.__qualname__ = qualname
@@ -155,6 +175,9 @@ def _function_reduce(fn: types.FunctionType, pickler: Any) -> Any:
     owner = _owner(fn, tm)
     if owner is not None:
         return (_member, owner)
+    remap = _remap(tm.name)
+    if remap is not None and RUNTIME.as_captured:
+        scope = remap.old_scope(scope)
     cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=False))
     state = _function_state(fn, True)
     if fn.__module__ != tm.namespace.get("__name__"):
@@ -282,6 +305,9 @@ def _make_class(module: str, qualname: str, first: int, bindings: dict[str, Any]
     if token in per["built"]:
         return per["built"][token]  # type: ignore[no-any-return]
     tm = RUNTIME.module(module)
+    remap = _remap(module)
+    if remap is not None:
+        first = remap.class_first(qualname, first)
     ns = tm.namespace
     name = qualname.rpartition(".")[2]
     missing = object()
@@ -324,7 +350,11 @@ def _class_reduce(cls: type, pickler: Any) -> Any:
     tokens = pickler.__dict__.setdefault("_sojourn_program_classes", {})
     token = tokens.setdefault(id(cls), len(tokens))
     pickler.keepalive(cls)
-    return (_make_class, (tm.name, cls.__qualname__, first, _bindings(cls, tm, first), token), *state)
+    bindings = _bindings(cls, tm, first)
+    remap = _remap(tm.name)
+    if remap is not None and RUNTIME.as_captured:
+        first = remap.old_class_first(cls.__qualname__, first)
+    return (_make_class, (tm.name, cls.__qualname__, first, bindings, token), *state)
 
 
 # Classes made by any other metaclass (torch.autograd.Function's FunctionMeta, a library's
@@ -407,7 +437,7 @@ def _generator_reduce(g: types.GeneratorType, pickler: Any) -> Any:
     tm, scope = info
     rec = _untouched(g)
     if rec is not None:
-        return (_make_generator, (rec,))
+        return (_make_generator, (_listed(rec if RUNTIME.as_captured else RUNTIME.current_record(rec)),))
     frame = g.gi_frame
     assert frame is not None  # only a closed generator has none
     if _CAPTURE is not None and id(frame) in _CAPTURE.running:
@@ -432,7 +462,7 @@ def _generator_reduce(g: types.GeneratorType, pickler: Any) -> Any:
             rec.via, rec.gen = ("gen", delegate) if own else ("iter", None)
         for cm, reason in with_problems(tm, rec.sid, loc):
             pickler.problem(cm, f"{reason} (in generator {g.gi_code.co_qualname}, {rec.where})")
-    return (_make_generator, (rec,))
+    return (_make_generator, (_listed(rec),))
 
 
 def _async_refused(obj: Any, pickler: Any) -> Any:

@@ -172,6 +172,9 @@ def _compile(tree: ast.Module, filename: str) -> types.CodeType:
 
 
 def module_resume_code(tm: TransformedModule, rec: FrameRecord) -> types.CodeType:
+    from sojourn.execution.runtime import RUNTIME
+
+    rec = RUNTIME.current_record(rec)
     tree, _ = tm.clean()
     path = tm.layout.stmts[rec.sid].path
     body = _Cutter(tm.layout, rec).block(tree.body, path)
@@ -309,6 +312,7 @@ def _requalify(code: types.CodeType, old: str, new: str) -> types.CodeType:
 
 
 def variant_code(rt: Runtime, rec: FrameRecord) -> types.CodeType:
+    rec = rt.current_record(rec)
     key = (rec.module, rec.scope, rec.sid, rec.mode, rec.via, tuple(sorted(rec.locals or ())))
     code = rt.variants.get(key)
     if code is not None:
