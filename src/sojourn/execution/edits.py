@@ -11,7 +11,8 @@ including the statement it stands at, in the normalized tree that statement ids 
   header of each compound statement that holds it (a loop's target and iterator, the test
   of an ``if`` or ``while``, a ``with``'s manager, the ``try`` body and the handlers before
   the handler it is in, the cases before its case and its case's pattern);
-* the statement itself (a compound statement by its header);
+* the statement itself, all of it as the source has it (with the temporaries the normal
+  form hoisted out of it), a compound statement by its header;
 
 where a nested ``def`` or ``class`` counts by its header (its body is another scope: its
 functions are frames of their own or not on the stack at all), positions do not count
@@ -162,7 +163,24 @@ def _head(S: ast.stmt) -> str:
 
 
 def _whole(stmts: list[Any], out: Pieces) -> None:
-    out.extend((getattr(s, "lineno", 0), _dump(s)) for s in stmts)
+    """Statements whole, a compound one as its header then its blocks (so that a difference
+    is found at its line)."""
+    for S in stmts:
+        if isinstance(S, ast.ExceptHandler):
+            out.append((S.lineno, _dump(S.type) + f" as {S.name}"))
+            _whole(S.body, out)
+        elif isinstance(S, ast.match_case):
+            out.append((S.pattern.lineno, _dump(S.pattern) + _dump(S.guard)))
+            _whole(S.body, out)
+        elif type(S) in _HEADS:
+            out.append((S.lineno, _head(S)))
+            for name in ("body", "handlers", "orelse", "finalbody", "cases"):
+                block = getattr(S, name, None)
+                if block is not None:
+                    out.append((S.lineno, f"<{name}>"))
+                    _whole(block, out)
+        else:
+            out.append((getattr(S, "lineno", 0), _dump(S)))
 
 
 def _block(stmts: list[ast.stmt], path: Path, out: Pieces) -> None:
@@ -175,10 +193,23 @@ def _block(stmts: list[ast.stmt], path: Path, out: Pieces) -> None:
     out.append((S.lineno, _head(S)))
     if len(path) > 1:
         _enter(S, path[1:], out)
+        return
+    # The paused statement is the whole statement of the source: a frame that stands before
+    # the first temporary the normal form hoisted out of it stands before it.
+    while _is_temporary(stmts[i]) and i + 1 < len(stmts):
+        i += 1
+        out.append((stmts[i].lineno, _head(stmts[i])))
+
+
+def _is_temporary(S: ast.stmt) -> bool:
+    return isinstance(S, ast.Assign) and all(isinstance(t, ast.Name) and t.id.startswith(T.TEMP) for t in S.targets)
 
 
 def _enter(S: ast.stmt, path: Path, out: Pieces) -> None:
     field_, j = path[0]
+    if not isinstance(getattr(S, field_, None), list):
+        out.append((S.lineno, "<another statement>"))  # the edited tree has no such path
+        return
     if isinstance(S, ast.For | ast.While | ast.If):
         if field_ == "orelse":
             _whole(S.body, out)
@@ -195,10 +226,12 @@ def _enter(S: ast.stmt, path: Path, out: Pieces) -> None:
             _block(S.orelse, path, out)
             return
         _whole(S.handlers[:j], out)
-        H = S.handlers[j] if j < len(S.handlers) else None
-        out.append((getattr(H, "lineno", 0), _dump(H.type) + f" as {H.name}" if H is not None else "<no handler>"))
-        if H is not None:
-            _block(H.body, path[1:], out)
+        if j >= len(S.handlers):
+            out.append((S.lineno, "<no handler>"))
+            return
+        H = S.handlers[j]
+        out.append((H.lineno, _dump(H.type) + f" as {H.name}"))
+        _block(H.body, path[1:], out)
     elif isinstance(S, ast.Match):
         _whole(S.cases[:j], out)
         case = S.cases[j] if j < len(S.cases) else None
@@ -209,8 +242,9 @@ def _enter(S: ast.stmt, path: Path, out: Pieces) -> None:
         _block(case.body, path[1:], out)
 
 
-def prefix(tree: ast.Module, defs: dict[str, ast.FunctionDef], layout: Layout, scope: str, sid: int) -> Pieces:
-    """The frame's prefix (module docstring): (line, canonical text) pieces in source order."""
+def prefix(tree: ast.Module, defs: dict[str, ast.FunctionDef], scope: str, path: Path | None) -> Pieces:
+    """The prefix (module docstring) of a frame of ``scope`` standing at the statement at
+    ``path`` (None: at its start), as (line, canonical text) pieces in source order."""
     out: Pieces = []
     if scope == "<module>":
         body = tree.body
@@ -218,8 +252,8 @@ def prefix(tree: ast.Module, defs: dict[str, ast.FunctionDef], layout: Layout, s
         F = defs[scope]
         out.append((F.lineno, _dump(F)))  # its body is dropped: the def header
         body = F.body
-    if sid >= 0:
-        _block(body, layout.stmts[sid].path, out)
+    if path:
+        _block(body, path, out)
     return out
 
 
@@ -258,9 +292,9 @@ def _check_frame(frame: dict[str, Any], old: tuple[ast.Module, Layout, dict[str,
     key = olay.counterpart(scope, nlay)
     if key is None:
         return f"{what} is no longer in {shown}, and it is paused at {at} (as captured)"
-    nsid = nlay.sid_of(key, olay.stmts[sid].path) if sid >= 0 else -1
-    line = first_difference(prefix(otree, odefs, olay, scope, sid), prefix(ntree, ndefs, nlay, key, nsid if nsid is not None else -1))
-    if line is None and nsid is not None:
+    path = olay.stmts[sid].path if sid >= 0 else None
+    line = first_difference(prefix(otree, odefs, scope, path), prefix(ntree, ndefs, key, path))
+    if line is None and (path is None or nlay.sid_of(key, path) is not None):
         return None
     return f"{shown}:{line} was edited inside {what}, which is paused at {at} (as captured)"
 

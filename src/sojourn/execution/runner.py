@@ -262,6 +262,10 @@ def resume(
         script = _find_script(info)
         changes = _check_sources(manifest.id, info, script)
         RUNTIME.remaps = {c.module: c.remap for c in changes}
+        if changes:
+            from sojourn.capsule.modules import accept_edited
+
+            accept_edited({c.module for c in changes})  # their edited files, not the recorded source
         main = _prepare(script, info["argv"])
         tm = RUNTIME.load(_read_source(script), "__main__", str(script), main.__dict__)
         if "__main__" not in RUNTIME.remaps and tm.layout.digest != info["sources"]["__main__"]["digest"]:
