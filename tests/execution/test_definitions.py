@@ -160,3 +160,25 @@ def test_definitions_travel_across_python_versions(runner: Runner) -> None:
     chain = runner.chain(script, kills="1,2", pythons=[pythons[0], pythons[-1], pythons[0]])
     assert len(chain.segments) == 3, chain.describe()
     runner.same_as_plain(script, chain)
+
+
+def test_a_function_paused_deep_in_its_own_recursion_calls_itself_again_after_resume(runner: Runner) -> None:
+    # Its resume copies are compiled inside a scaffold function; the name it calls itself by
+    # must stay the module's global, not become an unbound variable of the scaffold.
+    pythons = other_pythons()
+    script = runner.write("recurse.py", """
+        def walk(n, path):
+            total = 0
+            for k in range(2):
+                if n == 0:
+                    kill_here(path + str(k))
+                    total += 1
+                else:
+                    total += walk(n - 1, path + str(k))
+            return total
+        print(walk(3, ""), flush=True)
+    """)
+    chain = runner.chain(script, kills="0000,0110", pythons=[pythons[0], pythons[-1], pythons[0]])
+    assert [s.returncode for s in chain.segments] == [EXIT_PAUSED, EXIT_PAUSED, 0], chain.describe()
+    runner.same_as_plain(script, chain)
+    assert chain.stdout == "16\n"

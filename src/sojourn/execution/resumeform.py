@@ -271,9 +271,13 @@ def _variant_tree(tm: TransformedModule, rec: FrameRecord, F: ast.FunctionDef, o
     # The function whose parameters are the free variables goes *inside* the class that gives
     # private names their mangling: a class statement inside a function would bind the class
     # name in that function, and a method naming its own class would read that binding.
+    # Defined inside that function, the variant's own name would be a variable of it, which
+    # a call of the function by its (global) name from the variant would find unbound.
+    own = [] if F.name in outer_names else [ast.Global(names=[F.name])]
     outer = ast.FunctionDef(name="__sojourn_outer__", args=ast.arguments(
         posonlyargs=[], args=[ast.arg(arg=n) for n in outer_names], vararg=None, kwonlyargs=[],
-        kw_defaults=[], kwarg=None, defaults=[]), body=[V, ast.Return(value=None)], decorator_list=[], returns=None)
+        kw_defaults=[], kwarg=None, defaults=[]), body=[*own, V, ast.Return(value=None)], decorator_list=[],
+        returns=None)
     if hasattr(F, "type_params"):
         outer.type_params = []  # type: ignore[attr-defined]
     T.located(outer, F)
