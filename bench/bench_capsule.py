@@ -13,7 +13,11 @@ measured:
 
 * capture: ``sojourn.capture`` into an existing, empty repository (every chunk new),
   against ``dd if=<the same bytes, in the page cache> of=<same filesystem> bs=4M
-  conv=fsync`` run as a subprocess. Both make the bytes durable before returning.
+  conv=fsync`` run as a subprocess. Both make the bytes durable before returning. Each rep
+  also captures into an encrypted repository (every object sealed with AES-256-GCM, chunk
+  names keyed): dd, plain, encrypted, interleaved, one row each against the same dd runs;
+  the notes give the capturing process's CPU time per GiB (steadier than wall time on a
+  busy machine).
 * restore: a fresh interpreter (imports done before the clock starts) restores the capsule
   (every chunk hash checked, with and without the fingerprint check), against a fresh
   interpreter that allocates a numpy buffer and ``readinto``s the dd file. "warm": the
@@ -126,13 +130,15 @@ class Bench:
     def capture_once(self, repo_dir: Path, ns: dict[str, Any], parent: str | None = None) -> Any:
         return sojourn.capture(ns, str(repo_dir), parent=parent)
 
-    def new_repo(self, name: str) -> Path:
+    def new_repo(self, name: str, encrypt: bool = False) -> Path:
         path = self.work / name
         rmtree(path)
-        open_repository(str(path), create=True).close()
+        open_repository(str(path), create=True, encrypt=encrypt).close()
         return path
 
-    def capture_vs_dd(self) -> tuple[Path, str, Path, int]:
+    def capture_vs_dd(self, variants: tuple[str, ...] = ("plain",)) -> tuple[Path, str, Path, int]:
+        """dd, then a capture of each variant ("plain", "encrypted"), interleaved rep by rep, so
+        that a busy moment of the machine hits every side; one row per variant."""
         src = self.work / "dd-src.bin"
         with open(src, "wb") as f:
             for v in state_bytes(self.ns):
@@ -152,7 +158,8 @@ class Bench:
         self.results["capsule_bytes"] = nbytes
 
         dd_times: list[float] = []
-        cap_times: list[float] = []
+        cap_times: dict[str, list[float]] = {v: [] for v in variants}
+        cpu_times: dict[str, list[float]] = {v: [] for v in variants}
         dst = self.work / "dd-dst.bin"
         repo_dir = self.work / "repo"
         cap_id = ""
@@ -167,31 +174,46 @@ class Bench:
                 )
             )
             dd_times.append(t)
-            repo_dir = self.new_repo("repo")
-            settle()
-            t, ref = timed(lambda rd=repo_dir: self.capture_once(rd, self.ns))
-            cap_times.append(t)
-            cap_id = ref.id
-            self.log(f"capture rep {rep + 1}: dd {fmt_s(dd_times[-1])}, sojourn {fmt_s(t)}")
-        d, c = med(dd_times), med(cap_times)
-        self.results["capture"] = {"dd": dd_times, "sojourn": cap_times}
-        # On a VM whose memory is backed lazily, a write into page-cache memory nothing touched
-        # for a while costs seconds of system time; which run meets it is chance, so the best
-        # run of each side is shown too (both sides then ran on recycled memory).
-        self.notes.append(f"capture vs dd, best run of each side: {fmt_s(min(cap_times))} vs {fmt_s(min(dd_times))}: "
-                          f"{min(dd_times) / min(cap_times):.2f}x; every run: dd {', '.join(f'{x:.2f}' for x in dd_times)} s, "
-                          f"sojourn {', '.join(f'{x:.2f}' for x in cap_times)} s")
-        ratio = d / c  # throughput ratio = (bytes/c) / (bytes/d)
-        self.rows.append(
-            Row(
-                "capture throughput vs dd conv=fsync",
-                f"{fmt_s(c)} ({fmt_rate(nbytes, c)})",
-                f"{fmt_s(d)} ({fmt_rate(nbytes, d)})",
-                f"{ratio:.2f}x",
-                ">= 0.80x",
-                ratio >= 0.8,
+            line = f"capture rep {rep + 1}: dd {fmt_s(t)}"
+            for v in variants:
+                rd = self.new_repo(f"repo-{v}", encrypt=v == "encrypted")
+                settle()
+                c0 = time.process_time()
+                t, ref = timed(lambda rd=rd: self.capture_once(rd, self.ns))
+                cap_times[v].append(t)
+                cpu_times[v].append(time.process_time() - c0)
+                line += f", sojourn {v} {fmt_s(t)} (cpu {cpu_times[v][-1]:.2f} s)"
+                if v == variants[0]:
+                    repo_dir, cap_id = rd, ref.id
+                else:
+                    rmtree(rd)
+            self.log(line)
+        d = med(dd_times)
+        self.results["capture"] = {"dd": dd_times, **{f"sojourn-{v}": cap_times[v] for v in variants},
+                                   **{f"cpu-{v}": cpu_times[v] for v in variants}}
+        for v in variants:
+            c = med(cap_times[v])
+            label = "capture" + (" (encrypted repository)" if v == "encrypted" else "")
+            # On a VM whose memory is backed lazily, a write into page-cache memory nothing
+            # touched for a while costs seconds of system time; which run meets it is chance,
+            # so the best run of each side is shown too (both sides then ran on recycled memory).
+            self.notes.append(
+                f"{label} vs dd, best run of each side: {fmt_s(min(cap_times[v]))} vs {fmt_s(min(dd_times))}: "
+                f"{min(dd_times) / min(cap_times[v]):.2f}x; every run: dd {', '.join(f'{x:.2f}' for x in dd_times)} s, "
+                f"sojourn {', '.join(f'{x:.2f}' for x in cap_times[v])} s; CPU of the capturing process "
+                f"{med(cpu_times[v]) / (nbytes / (1 << 30)):.2f} s/GiB (median)"
             )
-        )
+            ratio = d / c  # throughput ratio = (bytes/c) / (bytes/d)
+            self.rows.append(
+                Row(
+                    "capture throughput vs dd conv=fsync" + (", encrypted repository" if v == "encrypted" else ""),
+                    f"{fmt_s(c)} ({fmt_rate(nbytes, c)})",
+                    f"{fmt_s(d)} ({fmt_rate(nbytes, d)})",
+                    f"{ratio:.2f}x",
+                    ">= 0.80x",
+                    ratio >= 0.8,
+                )
+            )
         rmtree(src)
         return repo_dir, cap_id, dst, nbytes
 
@@ -412,7 +434,7 @@ def main() -> int:
     ap.add_argument("--src", default=None, help="the sojourn source tree to measure (default: this checkout's src)")
     ap.add_argument("--dir", default=None, help="work directory (default: a temporary one under $TMPDIR)")
     ap.add_argument("--json", default=None, help="also write the raw timings here")
-    ap.add_argument("--only", default="", help="comma list: capture,restore,baselines,tuples,incremental")
+    ap.add_argument("--only", default="", help="comma list: capture,capture-encrypted,restore,baselines,tuples,incremental")
     args = ap.parse_args()
 
     base = Path(args.dir) if args.dir else None
@@ -423,7 +445,7 @@ def main() -> int:
     home.mkdir()
     os.environ["SOJOURN_HOME"] = str(home)  # keys for the throwaway repositories
     only = set(filter(None, args.only.split(","))) or {
-        "capture", "restore", "baselines", "tuples", "incremental"
+        "capture", "capture-encrypted", "restore", "baselines", "tuples", "incremental"
     }
     try:
         t_build, (ns, info) = timed(lambda: build_state(args.gib, args.small, with_torch=not args.no_torch, user_class=Record if args.user_class else None))
@@ -439,8 +461,9 @@ def main() -> int:
         t, _ = timed(lambda: bench.capture_once(bench.new_repo("repo-warmup"), tiny))
         bench.log(f"first capture in this process (a tiny namespace): {fmt_s(t)}")
         rmtree(work / "repo-warmup")
-        if only & {"capture", "restore"}:
-            repo_dir, cap_id, dd_file, nbytes = bench.capture_vs_dd()
+        if only & {"capture", "capture-encrypted", "restore"}:
+            variants = ("plain",) + (("encrypted",) if "capture-encrypted" in only else ())
+            repo_dir, cap_id, dd_file, nbytes = bench.capture_vs_dd(variants)
             if "restore" in only:
                 bench.restore_vs_read(repo_dir, cap_id, dd_file, nbytes)
             rmtree(repo_dir)

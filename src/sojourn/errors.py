@@ -37,6 +37,17 @@ class AlreadyExists(RepositoryError, FileExistsError):
     """An exclusive create found the object already there (the compare-and-swap lost)."""
 
 
+class StoreUnavailable(RepositoryError):
+    """The store failed in a way that may pass (network, a 5xx, throttling, EIO): retried with
+    backoff up to a deadline, then raised. Permanent failures (no space, permission) are
+    plain :class:`RepositoryError` and are never retried."""
+
+
+class RepositoryChanged(RepositoryError):
+    """The repository at a location is not the one this process opened (deleted, unmounted,
+    replaced): nothing is written into it."""
+
+
 class IntegrityError(SojournError, ValueError):
     """Stored data does not match its hash, signature, format version or fingerprint."""
 

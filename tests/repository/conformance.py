@@ -3,7 +3,9 @@
 A test module subclasses :class:`BackendConformance` (and :class:`ChunkStoreConformance`)
 and provides the ``new_backend`` fixture: a factory that returns a backend for a location
 that does not exist yet. Everything here goes through the :class:`Backend` protocol only, so
-a new backend gets the whole suite by writing that one fixture.
+a new backend gets the whole suite by writing that one fixture. A wrapped backend (the
+encrypted one) also overrides :meth:`BackendConformance.reopen` (how a second process opens
+the same URL) and :meth:`ChunkStoreConformance.store` (its chunk names).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 import zstandard
@@ -55,6 +58,10 @@ class BackendConformance:
         b.create()
         return b
 
+    def reopen(self, backend: Backend) -> Backend:
+        """The same location, opened afresh (as another process would)."""
+        return backend_for(backend.url)
+
     # -- the location ------------------------------------------------------------------------
 
     def test_is_a_backend(self, backend: Backend) -> None:
@@ -75,7 +82,7 @@ class BackendConformance:
         backend.save("config", "config.json", b"{}")
         backend.save("chunks", "ab12", b"chunk")
         backend.flush()
-        again = backend_for(backend.url)
+        again = self.reopen(backend)
         assert type(again) is type(backend)
         assert again.exists()
         assert again.load("config", "config.json") == b"{}"
@@ -247,7 +254,7 @@ class BackendConformance:
         with pytest.raises(ObjectNotFound):
             backend.remove("chunks", "aa01")
         backend.flush()
-        assert backend_for(backend.url).stat("chunks", "aa01") is None
+        assert self.reopen(backend).stat("chunks", "aa01") is None
 
     @pytest.mark.parametrize("name", BAD_NAMES, ids=repr)
     def test_invalid_names_are_rejected(self, backend: Backend, name: str) -> None:
@@ -308,7 +315,7 @@ class BackendConformance:
         backend.save("capsules", "cap_1.json", b"{}", exclusive=True)
         backend.flush()
         backend.flush()
-        again = backend_for(backend.url)
+        again = self.reopen(backend)
         for i in range(20):
             assert again.load("chunks", f"{i:02x}ff") == bytes([i]) * 100
         assert again.load("capsules", "cap_1.json") == b"{}"
@@ -333,10 +340,11 @@ class ChunkStoreConformance:
             assert len(rec_noise.chunks) == len(rec_zeros.chunks) == 6
             assert all(h == chunk_hash(noise[i * self.CHUNK : (i + 1) * self.CHUNK]) for i, h in enumerate(rec_noise.chunks))
             stored = set(backend.list("chunks"))
-            assert set(rec_noise.names()) <= stored and set(rec_zeros.names()) <= stored
-            assert all(n.endswith("-z") for n in rec_zeros.names())
+            assert set(cs.names(rec_noise)) <= stored and set(cs.names(rec_zeros)) <= stored
+            if not cs.keyed:  # keyed names say nothing, not even the codec
+                assert all(n.endswith("-z") for n in cs.names(rec_zeros))
             # the five identical all-zero chunks are one object
-            assert len(set(rec_zeros.names())) == 2
+            assert len(set(cs.names(rec_zeros))) == 2
             assert stats.logical == len(noise) + len(zeros)
             assert stats.written < len(noise) + len(zeros) // 100
             assert cs.get(rec_noise) == noise
@@ -388,7 +396,7 @@ class ChunkStoreConformance:
         data = os.urandom(3 * self.CHUNK) if codec == "raw" else b"abcd" * (3 * self.CHUNK // 4)
         cs = self.store(backend)
         rec = cs.put(data, WriteStats(), codec=codec)
-        return cs, rec, data, rec.names()[1]
+        return cs, rec, data, cs.names(rec)[1]
 
     @pytest.mark.parametrize("codec", ["raw", "zstd"])
     def test_a_flipped_byte_in_a_chunk_is_detected(self, backend: Backend, codec: str) -> None:
@@ -441,3 +449,55 @@ class ChunkStoreConformance:
                 cs.get_into(rec, memoryview(bytearray(len(data) - 1)))
         finally:
             cs.close()
+
+
+# -- the same suites through an encrypted repository's layer ------------------------------------
+
+TEST_KEYS_ID = "repo_00112233445566778899"
+
+
+def fixed_keys() -> Any:
+    from sojourn.repository.crypto import RepoKeys
+
+    return RepoKeys(bytes(range(32)), TEST_KEYS_ID)
+
+
+def sealed(plain: Backend) -> Backend:
+    """``plain`` as an encrypted repository's objects are reached: sealed, no retries."""
+    from sojourn.repository.crypto import Sealer
+    from sojourn.repository.guarded import guard
+    from sojourn.repository.retry import RetryPolicy
+
+    return guard(plain, RetryPolicy(plain.url, budget=0), Sealer(fixed_keys()))
+
+
+class SealedConformance(BackendConformance, ChunkStoreConformance):
+    """Both suites again, every object sealed: a subclass provides ``new_plain_backend``."""
+
+    @pytest.fixture
+    def new_plain_backend(self) -> NewBackend:
+        raise NotImplementedError("a sealed conformance subclass provides new_plain_backend")
+
+    @pytest.fixture
+    def new_backend(self, new_plain_backend: NewBackend) -> NewBackend:
+        return lambda: sealed(new_plain_backend())
+
+    def reopen(self, backend: Backend) -> Backend:
+        return sealed(backend_for(backend.url))
+
+    def store(self, backend: Backend) -> ChunkStore:
+        return ChunkStore(backend, chunk_size=self.CHUNK, workers=4, naming=fixed_keys().chunk_name)
+
+    def test_what_is_stored_is_sealed(self, backend: Backend) -> None:
+        plain = backend.inner  # type: ignore[attr-defined]
+        secret = b"the launch codes are 0000" * 100
+        backend.save("capsules", "cap_x.json", secret)
+        backend.save("workspaces", "event.ws_1.00000001", secret)
+        stored = plain.load("capsules", "cap_x.json")
+        assert stored.startswith(b"SJE\x01") and len(stored) == len(secret) + 32
+        assert b"launch" not in stored and b"launch" not in plain.load("workspaces", "event.ws_1.00000001")
+        assert backend.stat("capsules", "cap_x.json") == len(secret)
+        backend.save("config", "config.json", b"{}")  # the config says how to open the rest: plain
+        assert plain.load("config", "config.json") == b"{}"
+        backend.save("config", "machines.toml", b"[machines.gpu]\npython = '/opt/py'\n")  # shared config: sealed
+        assert b"/opt/py" not in plain.load("config", "machines.toml")

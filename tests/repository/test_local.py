@@ -10,12 +10,24 @@ import pytest
 
 from sojourn.errors import RepositoryError, RepositoryNotFound
 from sojourn.repository.local import LocalBackend
-from tests.repository.conformance import BackendConformance, ChunkStoreConformance, NewBackend
+from tests.repository.conformance import (
+    BackendConformance,
+    ChunkStoreConformance,
+    NewBackend,
+    SealedConformance,
+)
 
 
 class TestLocalBackend(BackendConformance, ChunkStoreConformance):
     @pytest.fixture
     def new_backend(self, tmp_path: Path) -> NewBackend:
+        counter = iter(range(1000))
+        return lambda: LocalBackend(tmp_path / f"repo{next(counter)}")
+
+
+class TestLocalSealed(SealedConformance):
+    @pytest.fixture
+    def new_plain_backend(self, tmp_path: Path) -> NewBackend:
         counter = iter(range(1000))
         return lambda: LocalBackend(tmp_path / f"repo{next(counter)}")
 

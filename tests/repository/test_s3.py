@@ -15,7 +15,12 @@ from sojourn.repository import s3 as s3mod
 from sojourn.repository.repo import open_repository
 from sojourn.repository.s3 import S3Backend
 from tests.conftest import last_json, run_py
-from tests.repository.conformance import BackendConformance, ChunkStoreConformance, NewBackend
+from tests.repository.conformance import (
+    BackendConformance,
+    ChunkStoreConformance,
+    NewBackend,
+    SealedConformance,
+)
 from tests.repository.s3server import S3Server, free_port, new_bucket_name, s3_client
 
 pytestmark = pytest.mark.s3
@@ -36,6 +41,20 @@ def _drop_bucket(server: S3Server, bucket: str) -> None:
 class TestS3Backend(BackendConformance, ChunkStoreConformance):
     @pytest.fixture
     def new_backend(self, s3_env: S3Server) -> Iterator[NewBackend]:
+        buckets: list[str] = []
+
+        def make() -> S3Backend:
+            buckets.append(new_bucket_name())
+            return S3Backend(f"s3://{buckets[-1]}/some/prefix")
+
+        yield make
+        for bucket in buckets:
+            _drop_bucket(s3_env, bucket)
+
+
+class TestS3Sealed(SealedConformance):
+    @pytest.fixture
+    def new_plain_backend(self, s3_env: S3Server) -> Iterator[NewBackend]:
         buckets: list[str] = []
 
         def make() -> S3Backend:
@@ -120,9 +139,29 @@ def test_wrong_credentials_are_reported(s3_env: S3Server, s3_url: str, monkeypat
 
 def test_an_unreachable_endpoint_is_reported(s3_env: S3Server, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
-    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    monkeypatch.setenv("SOJOURN_STORE_RETRY", "0")  # an outage is retried (test_store_faults.py): not here
     with pytest.raises(RepositoryError, match=r"cannot reach s3://sojourn-tests/x .*AWS_ENDPOINT_URL"):
         open_repository("s3://sojourn-tests/x")
+
+
+def test_an_s3_repository_is_encrypted_unless_asked_otherwise(s3_env: S3Server, s3_url: str) -> None:
+    import numpy as np
+
+    with open_repository(s3_url, create=True) as r:
+        assert r.encrypted and r.config["version"] == 2
+        ref = sojourn.capture({"secret": "hunter2 " * 500, "w": np.arange(10_000.0)}, s3_url)
+    bucket, prefix = s3_url.removeprefix("s3://").split("/", 1)
+    client = s3_client(s3_env)
+    keys = [o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix=prefix + "/")["Contents"]]
+    assert any(k.endswith(f"capsules/{ref.id}.json") for k in keys)
+    for key in keys:
+        body = client.get_object(Bucket=bucket, Key=key)["Body"].read()
+        if key.endswith("config/config.json"):
+            continue
+        assert body.startswith(b"SJE\x01") and b"hunter2" not in body, key
+    assert sojourn.verify(ref.id, s3_url).ok
+    with open_repository(s3_url + "-plain", create=True, encrypt=False) as r:
+        assert not r.encrypted
 
 
 def test_capture_restore_verify_through_s3(tmp_path: Path, s3_env: S3Server, s3_url: str) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import io
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -148,6 +148,7 @@ def capture_namespace(
     parent: str | None = None,
     labels: dict[str, Any] | None = None,
     extra: dict[str, Any] | None = None,
+    include_secrets: bool | Iterable[str] | None = None,
 ) -> fmt.Manifest:
     t0 = time.perf_counter()
     workspace = Path(files).absolute() if files is not None else Path.cwd()
@@ -181,7 +182,7 @@ def capture_namespace(
             from sojourn.capsule.workspace_files import snapshot
 
             previous = parent_manifest.files if parent_manifest is not None else None
-            files_json = snapshot(Path(files), repo.chunks, stats, previous=previous)
+            files_json = snapshot(Path(files), repo.chunks, stats, previous=previous, include_secrets=include_secrets)
         if waiting:
             pending.append(repo.chunks.start_put_many([b.view for b in waiting], stats))
         stream_put = repo.chunks.start_put_many([memoryview(pickled.stream)], stats, codec="zstd")

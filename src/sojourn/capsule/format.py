@@ -111,14 +111,19 @@ class Manifest:
         return self.stream.size + sum(b.record.size for b in self.buffers)
 
     def all_chunk_names(self, chunks: ChunkStore | None = None) -> list[str]:
-        """Every chunk the capsule needs. The workspace files' chunks are named in the file
-        list, itself a buffer (so that the manifest stays small): listing them needs
-        ``chunks`` to read it, and is refused without it rather than silently incomplete."""
-        names = list(self.stream.names())
+        """Every chunk the capsule needs, by object name. The workspace files' chunks are named
+        in the file list, itself a buffer (so that the manifest stays small): listing them
+        needs ``chunks`` to read it, and is refused without it rather than silently
+        incomplete. Without ``chunks``, names are a plain repository's."""
+        def named(rec: BufferRecord) -> list[str]:
+            # An encrypted repository names chunks with its key: only its store knows how.
+            return chunks.names(rec) if chunks is not None else rec.names()
+
+        names = named(self.stream)
         for b in self.buffers:
-            names.extend(b.record.names())
+            names.extend(named(b.record))
         if self.files and self.files.get("manifest"):
-            names.extend(BufferRecord.from_json(self.files["manifest"]).names())
+            names.extend(named(BufferRecord.from_json(self.files["manifest"])))
             if chunks is None:
                 raise ValueError("this capsule has workspace files: pass the chunk store to list their chunks")
             from sojourn.capsule.workspace_files import content_chunk_names

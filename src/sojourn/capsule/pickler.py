@@ -131,6 +131,9 @@ class CapsulePickler(pickle.Pickler):
         except Exception as e:
             return self.problem(obj, _explain(obj, e))
         if isinstance(rv, tuple):
+            if not 2 <= len(rv) <= 6 or not callable(rv[0]):
+                # pickle would raise deep in C with no word of which object it was
+                return self.problem(obj, f"its __reduce__ returned a tuple pickle cannot use ({_bad_tuple(rv)})")
             if rv:
                 if not self._generic[t]:
                     self._generic[t] = True
@@ -141,7 +144,7 @@ class CapsulePickler(pickle.Pickler):
         if isinstance(rv, str):
             self.note_module(getattr(obj, "__module__", None))
             return NotImplemented  # a global: pickle looks it up by name
-        return rv
+        return self.problem(obj, f"its __reduce__ returned {type(rv).__name__}, not a tuple or a global's name")
 
 
 # -- identity-exact default state --------------------------------------------------------------
@@ -239,6 +242,12 @@ _NATIVE: set[type] = {
     range,
     slice,
 }
+
+
+def _bad_tuple(rv: tuple[Any, ...]) -> str:
+    if not 2 <= len(rv) <= 6:
+        return f"{len(rv)} items, not 2 to 6"
+    return f"its first item, a {type(rv[0]).__name__}, is not callable"
 
 
 def _explain(obj: Any, exc: Exception) -> str:

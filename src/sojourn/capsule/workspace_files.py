@@ -10,6 +10,7 @@ Layout of ``manifest.files`` (the JSON that this module returns and reads)::
      "manifest": {"size": ..., "codec": "zstd", "chunks": [...]},   # the file list
      "files": 120, "links": 2, "bytes": 12345678,                   # what the list holds
      "files_read": 3, "files_reused": 117,                          # incremental capture
+     "secrets": [".env", ".aws/"],                                  # credentials left out
      "skipped": ["fifo: tmp/ctl (not a regular file)", ...]}
 
 The file list itself is a zstd-compressed JSON buffer in chunks, so that a workspace with
@@ -24,6 +25,10 @@ many files keeps the signed capsule manifest small. It is sorted by path; an ent
 * skipped: the repository itself when it lies inside the workspace, ``__pycache__``,
   ``.git``, ``.venv*`` and ``*.pyc`` (rebuilt or re-installed at the destination, and often
   large); sockets, fifos and devices (they are not data: listed under ``skipped``);
+* credential files (:data:`sojourn.capsule.secrets.SECRET_PATTERNS`: ``.env*``, ``.aws/``, ``.ssh/``, ``*.pem``,
+  ``*.key``, ``.netrc``, cloud CLI configs...) stay on the machine: left out, listed under
+  ``secrets`` and ``skipped``, named in a :class:`~sojourn.errors.SojournWarning`; a
+  capture takes them only when asked by name (``include_secrets``);
 * symbolic links are recorded as links (not followed) when they point inside the
   workspace, with a relative target so that they work wherever the files are restored;
   links that point outside (or escape through ``..``) are skipped and listed, since their
@@ -45,14 +50,15 @@ import json
 import os
 import stat
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 import blake3
 
+from sojourn.capsule.secrets import Secrets
 from sojourn.errors import CaptureError, IntegrityError, RestoreError
-from sojourn.repository.chunks import BufferRecord, ChunkStore, WriteStats, chunk_name
+from sojourn.repository.chunks import BufferRecord, ChunkStore, WriteStats
 
 VERSION = 1
 SKIPPED_DIRS = frozenset({"__pycache__", ".git"})
@@ -113,8 +119,12 @@ def snapshot(
     chunks: ChunkStore,
     stats: WriteStats,
     previous: dict[str, Any] | None = None,
+    include_secrets: bool | Iterable[str] | None = None,
 ) -> dict[str, Any]:
-    """Write the workspace's files to chunks; return the JSON for ``manifest.files``."""
+    """Write the workspace's files to chunks; return the JSON for ``manifest.files``.
+
+    Credential files are left out (and named in a warning) unless ``include_secrets`` takes
+    them (see :class:`~sojourn.capsule.secrets.Secrets`)."""
     root = Path(root).absolute()
     if not root.is_dir():
         raise CaptureError(f"files={str(root)!r} is not a directory; pass the workspace directory", [])
@@ -127,7 +137,8 @@ def snapshot(
     unreadable: list[str] = []
     regular: list[tuple[str, os.stat_result]] = []
     links: list[dict[str, Any]] = []
-    for rel, path, st in _walk(real_root, skip_dir, notes, unreadable):
+    secrets = Secrets(include_secrets)
+    for rel, path, st in _walk(real_root, skip_dir, notes, unreadable, secrets):
         if stat.S_ISLNK(st.st_mode):
             target = _link_target(real_root, path, rel)
             if target is None:
@@ -188,6 +199,8 @@ def snapshot(
             [],
         )
 
+    notes += [f"secret: {rel} (credentials stay on this machine)" for rel in secrets.left_out]
+    secrets.warn()
     listing = sorted(entries + links, key=lambda e: e["path"])
     raw = json.dumps(listing, separators=(",", ":")).encode()
     record = chunks.put(raw, stats, codec="zstd")
@@ -200,12 +213,13 @@ def snapshot(
         "bytes": sum(e["size"] for e in entries),
         "files_read": len(entries) - reused,
         "files_reused": reused,
+        "secrets": secrets.left_out,
         "skipped": notes[:_MAX_NOTES] + ([f"... and {len(notes) - _MAX_NOTES} more"] if len(notes) > _MAX_NOTES else []),
     }
 
 
 def _walk(
-    root: Path, skip_dir: Path | None, notes: list[str], unreadable: list[str]
+    root: Path, skip_dir: Path | None, notes: list[str], unreadable: list[str], secrets: Secrets
 ) -> Iterator[tuple[str, Path, os.stat_result]]:
     """(relative posix path, path, lstat) of every file and link to consider, in order."""
     stack = [(root, "")]
@@ -232,12 +246,14 @@ def _walk(
                     continue
                 if skip_dir is not None and path == skip_dir:
                     continue
+                if secrets.leaves_out(rel, is_dir=True):
+                    continue
                 subdirs.append((path, rel + "/"))
-            elif stat.S_ISREG(st.st_mode):
-                if not item.name.endswith(SKIPPED_SUFFIXES):
+            elif stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
+                if item.name.endswith(SKIPPED_SUFFIXES) and not stat.S_ISLNK(st.st_mode):
+                    continue
+                if not secrets.leaves_out(rel, is_dir=False):
                     yield rel, path, st
-            elif stat.S_ISLNK(st.st_mode):
-                yield rel, path, st
             else:
                 kind = "fifo" if stat.S_ISFIFO(st.st_mode) else "socket" if stat.S_ISSOCK(st.st_mode) else "device"
                 notes.append(f"{kind}: {rel} (not a regular file)")
@@ -383,7 +399,7 @@ def content_chunk_names(files_json: dict[str, Any], chunks: ChunkStore) -> list[
     names: list[str] = []
     for e in load_entries(files_json, chunks):
         if e.get("type", "file") == "file":
-            names.extend(chunk_name(h, e["codec"]) for h in e["chunks"])
+            names.extend(chunks.naming(h, e["codec"]) for h in e["chunks"])
     return names
 
 

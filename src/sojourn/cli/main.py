@@ -45,6 +45,9 @@ def _register() -> None:
     from sojourn.cli import policy_cmds
 
     policy_cmds.register(cli)
+    from sojourn.cli import repo_cmds
+
+    cli.add_command(repo_cmds.init_cmd)
 
 
 _register()

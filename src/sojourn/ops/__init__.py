@@ -21,6 +21,7 @@ from sojourn.ops.capsules import (
 )
 from sojourn.ops.history import checkpoint, fork, gc, history
 from sojourn.ops.machines import MachineInfo, machines, remove_machine, set_machine
+from sojourn.ops.repository import RepositoryInfo, init_repository
 from sojourn.ops.workspaces import (
     DetachedSession,
     WorkspaceDetail,
@@ -41,6 +42,7 @@ __all__ = [
     "DetachedSession",
     "MachineInfo",
     "PathLike",
+    "RepositoryInfo",
     "VariableInfo",
     "VerifyReport",
     "WorkspaceDetail",
@@ -51,6 +53,7 @@ __all__ = [
     "fork",
     "gc",
     "history",
+    "init_repository",
     "inspect",
     "logs",
     "machines",

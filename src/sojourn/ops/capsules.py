@@ -99,13 +99,18 @@ def capture(
     parent: str | None = None,
     labels: dict[str, Any] | None = None,
     extra: dict[str, Any] | None = None,
+    include_secrets: bool | list[str] | None = None,
 ) -> CapsuleRef:
     """Capture ``namespace`` (and ``extra``, process-level state such as a paused program's
-    stack, carried in the process segment with the same memo) into a capsule."""
+    stack, carried in the process segment with the same memo) into a capsule.
+
+    With ``files``, credential files (``.env*``, ``.aws/``, ``*.pem``...) are left out and
+    named in a warning; ``include_secrets`` takes them on purpose (True, or their paths)."""
     with open_repository(repo, create=True) as r:
         from sojourn.capsule.capture import capture_namespace
 
-        m = capture_namespace(namespace, r, files=files, parent=parent, labels=labels, extra=extra)
+        m = capture_namespace(namespace, r, files=files, parent=parent, labels=labels, extra=extra,
+                              include_secrets=include_secrets)
         return CapsuleRef(
             id=m.id,
             size=m.size,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -185,9 +185,22 @@ def _wait_all(jobs: list[Future[Any]], take: Any) -> list[Exception]:
 
 
 class ChunkStore:
-    def __init__(self, backend: Backend, chunk_size: int = DEFAULT_CHUNK_SIZE, workers: int | None = None):
+    """Chunks of one repository. ``naming(hash, codec)`` gives a chunk's object name: in a
+    plain repository the hash itself (:func:`chunk_name`), in an encrypted one a keyed hash
+    (:meth:`sojourn.repository.crypto.RepoKeys.chunk_name`). Records always hold the plain
+    content hashes (the fingerprints are made of them); only the stored names differ."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        workers: int | None = None,
+        naming: Callable[[str, str], str] | None = None,
+    ):
         self.backend = backend
         self.chunk_size = chunk_size
+        self.naming = naming or chunk_name
+        self.keyed = naming is not None
         self.workers = workers or default_workers()
         self._known: set[str] = set()
         self._pool: ThreadPoolExecutor | None = None
@@ -199,6 +212,10 @@ class ChunkStore:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="sojourn-chunks")
         return self._pool
+
+    def names(self, rec: BufferRecord) -> list[str]:
+        """The object names of a record's chunks in this repository."""
+        return [self.naming(h, rec.codec) for h in rec.chunks]
 
     def close(self) -> None:
         if self._pool is not None:
@@ -245,7 +262,7 @@ class ChunkStore:
     def _put_chunk(self, rec: BufferRecord, i: int, piece: memoryview, stats: WriteStats) -> None:
         h = chunk_hash(piece)
         rec.chunks[i] = h
-        name = chunk_name(h, rec.codec)
+        name = self.naming(h, rec.codec)
         if name in self._known or self.backend.stat("chunks", name) is not None:
             self._known.add(name)
             stats.add(reused=1)
@@ -287,31 +304,35 @@ class ChunkStore:
         return out
 
     def _get_chunk(self, h: str, codec: str, out: memoryview) -> None:
-        name = chunk_name(h, codec)
+        name = self.naming(h, codec)
         try:
             if codec == "zstd":
                 blob = self.backend.load("chunks", name)
                 try:
                     plain = _decompressor().decompress(blob, max_output_size=len(out))
                 except zstandard.ZstdError as e:
-                    raise IntegrityError(f"chunk {h[:16]}… is corrupt: it does not decompress ({e})") from None
+                    raise IntegrityError(f"chunk {name[:16]}… is corrupt: it does not decompress ({e})") from None
                 if len(plain) != len(out):
-                    raise IntegrityError(f"chunk {h[:16]}… is corrupt: wrong size after decompression")
+                    raise IntegrityError(f"chunk {name[:16]}… is corrupt: wrong size after decompression")
                 out[:] = plain
             else:
                 self.backend.load_into("chunks", name, out)
         except ObjectNotFound as e:
-            raise ObjectNotFound(f"chunk {h[:16]}… is missing from the repository ({e})") from None
+            raise ObjectNotFound(f"chunk {name[:16]}… is missing from the repository ({e})") from None
+        except IntegrityError as e:
+            if str(e).startswith("chunk "):
+                raise
+            raise IntegrityError(f"chunk {name[:16]}… is corrupt: {e}") from None
         if chunk_hash(out) != h:
             raise IntegrityError(
-                f"chunk {h[:16]}… is corrupt: its content does not match its hash "
+                f"chunk {name[:16]}… is corrupt: its content does not match its hash "
                 "(the repository was altered or the disk is failing)"
             )
 
     def exists(self, rec: BufferRecord) -> list[str]:
         """Names of this record's chunks that are missing."""
         missing = []
-        for name in rec.names():
+        for name in self.names(rec):
             if name not in self._known and self.backend.stat("chunks", name) is None:
                 missing.append(name)
         return missing

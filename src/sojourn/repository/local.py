@@ -40,8 +40,14 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from sojourn.errors import AlreadyExists, ObjectNotFound, RepositoryError, RepositoryNotFound
-from sojourn.repository.backend import check_kind, check_name
+from sojourn.errors import (
+    AlreadyExists,
+    ObjectNotFound,
+    RepositoryError,
+    RepositoryNotFound,
+    StoreUnavailable,
+)
+from sojourn.repository.backend import KINDS, check_kind, check_name
 
 _SHARDED = {"chunks"}  # many objects: spread over 256 subdirectories
 _DIRECT_MIN = 1 << 20  # smaller objects (manifests, records, small chunks) gain nothing
@@ -147,13 +153,29 @@ def _write_direct(fd: int, view: memoryview) -> None:
         whole.release()
 
 
+# Errors that may pass by themselves: a disk or a network filesystem having a bad moment, a
+# FUSE mount whose daemon restarts. They are retried (repository/retry.py); anything else
+# (no space, permission, a missing repository) fails at once.
+TRANSIENT_ERRNOS = frozenset(
+    getattr(errno, name)
+    for name in ("EIO", "EAGAIN", "EWOULDBLOCK", "EINTR", "ETIMEDOUT", "EBUSY", "ESTALE", "ENOLCK", "ENOTCONN",
+                 "ECONNRESET", "ECONNABORTED", "ECONNREFUSED", "EHOSTDOWN", "EHOSTUNREACH", "ENETDOWN",
+                 "ENETUNREACH", "ENETRESET", "EREMOTEIO")
+    if hasattr(errno, name)
+)
+
+
 def os_error(exc: OSError, action: str, path: Path | str) -> RepositoryError:
     """Turn an OSError into a message that says what happened and what to do."""
-    if exc.errno == errno.ENOSPC:
+    if exc.errno == errno.ENOSPC or exc.errno == getattr(errno, "EDQUOT", -1):
+        what = "no space left on the device" if exc.errno == errno.ENOSPC else "the disk quota is exhausted"
         return RepositoryError(
-            f"no space left on the device while {action} {path}; nothing was published, "
+            f"{what} while {action} {path}; nothing was published, "
             "the previous capsules are intact. Free some space and try again."
         )
+    if exc.errno in TRANSIENT_ERRNOS:
+        name = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+        return StoreUnavailable(f"{action} {path} failed: {exc.strerror or exc} ({name})")
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return RepositoryError(
             f"permission denied while {action} {path}: the repository is not writable by this "
@@ -189,7 +211,7 @@ class LocalBackend:
             )
         try:
             self.root.mkdir(exist_ok=True)
-            for kind in ("config", "chunks", "capsules", "workspaces", "locks"):
+            for kind in KINDS:
                 (self.root / kind).mkdir(exist_ok=True)
             _fsync_dir(self.root)
         except OSError as e:
@@ -208,10 +230,7 @@ class LocalBackend:
         path = self._path(kind, name)
         parent = path.parent
         if parent not in self._made:
-            try:
-                parent.mkdir(parents=True, exist_ok=True)
-            except OSError as e:
-                raise os_error(e, "creating", parent) from e
+            self._make_parent(kind, parent)
             self._made.add(parent)
         tmp = parent / f".tmp-{uuid.uuid4().hex}"
         try:
@@ -232,11 +251,40 @@ class LocalBackend:
                 os.unlink(tmp)
             except OSError:
                 pass
+            if e.errno == errno.ENOENT and not self._intact():
+                raise self._gone(f"{kind}/{name}") from None
             raise os_error(e, f"writing {kind}/{name} to", self.url) from e
         with self._lock:
             self._dirty.add(parent)
             if kind in _SHARDED:
                 self._dirty.add(parent.parent)
+
+    def _intact(self) -> bool:
+        return (self.root / "config").is_dir()
+
+    def _gone(self, what: str) -> RepositoryNotFound:
+        return RepositoryNotFound(
+            f"the repository at {self.root} is gone (its config/ directory is missing: deleted, moved or "
+            f"unmounted), so {what} was not written; a repository is never re-created by a write. "
+            "Mount or restore it, or choose another one"
+        )
+
+    def _make_parent(self, kind: str, parent: Path) -> None:
+        # Only one level: the shard, or a kind's directory a repository made by an older
+        # sojourn lacks. Creating every missing level would rebuild a deleted or unmounted
+        # repository's tree and write into it as if nothing had happened.
+        kind_dir = self.root / kind
+        try:
+            if parent == kind_dir or not kind_dir.is_dir():
+                if not kind_dir.is_dir() and not self._intact():
+                    raise self._gone(f"an object of {kind}/")
+                kind_dir.mkdir(exist_ok=True)
+            if parent != kind_dir:
+                parent.mkdir(exist_ok=True)
+        except RepositoryError:
+            raise
+        except OSError as e:
+            raise os_error(e, "creating", parent) from e
 
     def _write_new(self, tmp: Path, view: memoryview) -> None:
         """Create ``tmp`` with exactly ``view``'s bytes, durable (fsynced) on return."""
@@ -314,6 +362,30 @@ class LocalBackend:
                     got += n
                 self._drop_cached(f.fileno(), size)
                 return got
+        except FileNotFoundError:
+            raise ObjectNotFound(f"{kind}/{name} not found in {self.url}") from None
+        except OSError as e:
+            raise os_error(e, "reading", path) from e
+
+    def load_scatter(self, kind: str, name: str, parts: list[memoryview]) -> int:
+        """Read the object into ``parts`` in order when its size is their total; return its
+        size (nothing is read when it differs). An encrypted chunk's ciphertext goes straight
+        into the array it belongs to, its header and tag into small buffers."""
+        path = self._path(kind, name)
+        try:
+            with open(path, "rb", buffering=0) as f:
+                size = os.fstat(f.fileno()).st_size
+                if size != sum(len(p) for p in parts):
+                    return size
+                for part in parts:
+                    got = 0
+                    while got < len(part):
+                        n = f.readinto(part[got:])
+                        if not n:
+                            raise ObjectNotFound(f"{kind}/{name} in {self.url} was cut short while it was read")
+                        got += n
+                self._drop_cached(f.fileno(), size)
+                return size
         except FileNotFoundError:
             raise ObjectNotFound(f"{kind}/{name} not found in {self.url}") from None
         except OSError as e:

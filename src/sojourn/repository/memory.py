@@ -53,6 +53,15 @@ class MemoryBackend:
         out[:] = blob
         return len(blob)
 
+    def load_scatter(self, kind: str, name: str, parts: list[memoryview]) -> int:
+        blob = self.load(kind, name)
+        if len(blob) == sum(len(p) for p in parts):
+            at = 0
+            for part in parts:
+                part[:] = blob[at : at + len(part)]
+                at += len(part)
+        return len(blob)
+
     def stat(self, kind: str, name: str) -> int | None:
         check_kind(kind)
         check_name(name)

@@ -15,7 +15,13 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from sojourn.errors import AlreadyExists, ObjectNotFound, RepositoryError, RepositoryNotFound
+from sojourn.errors import (
+    AlreadyExists,
+    ObjectNotFound,
+    RepositoryError,
+    RepositoryNotFound,
+    StoreUnavailable,
+)
 from sojourn.repository.backend import check_kind, check_name
 
 # (endpoint, bucket) pairs whose server was seen to honour If-None-Match: checked once per
@@ -23,6 +29,13 @@ from sojourn.repository.backend import check_kind, check_name
 _CONDITIONAL_OK: set[tuple[str, str]] = set()
 _CONDITIONAL_LOCK = threading.Lock()
 _PRECONDITION_FAILED = ("PreconditionFailed", "412", "ConditionalRequestConflict")
+# Answers that say "not now" rather than "no": retried by repository/retry.py, like any 5xx.
+_TRANSIENT_CODES = frozenset({
+    "RequestTimeout", "RequestTimeoutException", "Throttling", "ThrottlingException", "ThrottledException",
+    "SlowDown", "RequestThrottled", "RequestLimitExceeded", "TooManyRequests", "TooManyRequestsException",
+    "ProvisionedThroughputExceededException", "InternalError", "ServiceUnavailable", "BandwidthLimitExceeded",
+    "EC2ThrottledException", "PriorRequestNotComplete", "429",
+})
 
 
 def _boto3() -> Any:
@@ -46,11 +59,16 @@ class S3Backend:
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         boto3, config = _boto3()
+        # One attempt per call: repository/retry.py retries, visibly and up to the caller's
+        # deadline. Retries hidden inside botocore would also turn an exclusive create whose
+        # answer was lost into a create "someone else" won (the retry sees our own object).
         self._client = boto3.session.Session().client(
             "s3",
             config=config.Config(
                 max_pool_connections=32,
-                retries={"max_attempts": 5, "mode": "standard"},
+                retries={"total_max_attempts": 1, "mode": "standard"},
+                connect_timeout=10,
+                read_timeout=60,
                 s3={"addressing_style": "path"},
             ),
         )
@@ -62,6 +80,9 @@ class S3Backend:
 
     def _error(self, exc: Exception, action: str) -> RepositoryError:
         code = _code(exc)
+        status = _status(exc)
+        if code in _TRANSIENT_CODES or (status is not None and status >= 500):
+            return StoreUnavailable(f"{action} {self.url} failed: {code or status}: {exc}")
         if code in ("NoSuchBucket",):
             return RepositoryNotFound(f"bucket {self.bucket!r} does not exist ({self.url})")
         if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403", "Forbidden"):
@@ -70,10 +91,11 @@ class S3Backend:
                 "(AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or the profile) and the bucket policy"
             )
         if code is None:
-            return RepositoryError(
-                f"cannot reach {self.url} while {action}: {exc}. Check AWS_ENDPOINT_URL and "
-                "the network; nothing was published."
-            )
+            message = (f"cannot reach {self.url} while {action}: {exc}. Check AWS_ENDPOINT_URL and "
+                       "the network; nothing was published.")
+            # No answer at all (refused, reset, timed out, cut mid-body): the network's fault,
+            # which passes. Any other exception is a bug or a misconfiguration: not retried.
+            return StoreUnavailable(message) if _no_answer(exc) else RepositoryError(message)
         return RepositoryError(f"{action} {self.url} failed: {code}: {exc}")
 
     # -- location ---------------------------------------------------------------------------
@@ -178,11 +200,38 @@ class S3Backend:
             while got < size:
                 piece = body.read(min(8 << 20, size - got))
                 if not piece:
-                    break
+                    raise StoreUnavailable(f"reading {kind}/{name} from {self.url} was cut short")
                 out[got : got + len(piece)] = piece
                 got += len(piece)
             return got
-        except ObjectNotFound:
+        except RepositoryError:
+            raise
+        except Exception as e:
+            if _code(e) in ("NoSuchKey", "404", "NotFound"):
+                raise ObjectNotFound(f"{kind}/{name} not found in {self.url}") from None
+            raise self._error(e, f"reading {kind}/{name} from") from e
+
+    def load_scatter(self, kind: str, name: str, parts: list[memoryview]) -> int:
+        """Read the object into ``parts`` in order when its size is their total; return its
+        size (nothing is read when it differs)."""
+        key = self._key(kind, name)
+        try:
+            resp = self._client.get_object(Bucket=self.bucket, Key=key)
+            size = int(resp["ContentLength"])
+            body = resp["Body"]
+            if size != sum(len(p) for p in parts):
+                body.close()
+                return size
+            for part in parts:
+                got = 0
+                while got < len(part):
+                    piece = body.read(min(8 << 20, len(part) - got))
+                    if not piece:
+                        raise StoreUnavailable(f"reading {kind}/{name} from {self.url} was cut short")
+                    part[got : got + len(piece)] = piece
+                    got += len(piece)
+            return size
+        except RepositoryError:
             raise
         except Exception as e:
             if _code(e) in ("NoSuchKey", "404", "NotFound"):
@@ -220,6 +269,24 @@ class S3Backend:
 
     def flush(self) -> None:
         pass  # a successful PutObject is durable
+
+
+def _status(exc: Exception) -> int | None:
+    resp = getattr(exc, "response", None)
+    if isinstance(resp, dict):
+        status = resp.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return int(status) if status else None
+    return None
+
+
+def _no_answer(exc: BaseException) -> bool:
+    """Whether ``exc`` is the network failing (botocore's connection and timeout errors, the
+    body's stream cut by urllib3, a socket error) rather than a bug."""
+    if isinstance(exc, OSError):
+        return True
+    names = {c.__name__ for c in type(exc).__mro__}
+    return bool(names & {"HTTPClientError", "ConnectionError", "ResponseStreamingError", "ProtocolError",
+                         "ReadTimeoutError", "IncompleteRead", "IncompleteReadError", "HTTPError"}) or type(exc).__module__.startswith("urllib3")
 
 
 def _code(exc: Exception) -> str | None:
