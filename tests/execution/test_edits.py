@@ -202,3 +202,40 @@ def test_an_accepted_edit_resumes_across_python_versions(runner: Runner) -> None
     assert again.returncode == 0, again.stderr
     assert again.stdout.splitlines() == ["0 105", "1 303", "2 303", "done 6"]
     assert re.search(r"prog\.py changed since capsule cap_\w+ was written \(\+1 -1 lines\)", again.stderr)
+
+
+def test_an_edited_class_and_an_edited_module_function_get_their_new_code(runner: Runner) -> None:
+    # A class is made again by its edited statement (a changed method, a new one whose default
+    # reads a global); a module function gains a parameter with a default. The fingerprint check compares
+    # what the capsule holds of them, and the new code runs.
+    runner.write("helpers.py", "def fmt(x):\n    return str(x)\n\ndef tag(x):\n    return x\n", prelude=False)
+    script = runner.write("acc.py", """
+        import helpers
+        LIMIT = 5
+        class Acc:
+            def __init__(self):
+                self.total = 0
+            def add(self, x):
+                self.total += x
+                return self.total
+        acc = Acc()
+        for i in range(4):
+            kill_here(i)
+            print(i, helpers.fmt(acc.add(i)), flush=True)
+        print("end", helpers.tag(acc.total))
+    """)
+    first = runner.segment(sys.executable, ["run", str(script)], env={"KILLS": "2"})
+    assert first.returncode == EXIT_PAUSED and first.capsule, first.stderr
+    _edit(script, "        self.total += x\n", "        self.total += 10 * x\n")
+    _edit(script, "        return self.total\n", "        return self.total\n    def capped(self, k=LIMIT):\n"
+                                                  "        return min(self.total, k)\n")
+    _edit(script, 'print("end", helpers.tag(acc.total))',
+          'print("end", helpers.tag(acc.total), acc.capped(), isinstance(acc, Acc))')
+    helpers = runner.dir / "helpers.py"  # fmt() is paused at its start (it calls str()); tag() is not
+    _edit(helpers, "def tag(x):\n    return x\n", "def tag(x, prefix='='):\n    return prefix + str(x)\n")
+    again = _resume(runner, first.capsule)
+    assert again.returncode == 0, again.stderr
+    assert first.stdout.splitlines() == ["0 0", "1 1"]
+    # Paused in fmt() at i == 2: add(2) had run (old code); add(3) runs the new one.
+    assert again.stdout.splitlines() == ["2 3", "3 33", "end =33 5 True"]
+    assert "acc.py changed since capsule" in again.stderr and "helpers.py changed since capsule" in again.stderr

@@ -55,7 +55,6 @@ class Remap:
     old: Layout
     new: Layout
     _scopes: dict[str, str | None] = field(default_factory=dict)
-    _back: dict[str, str] | None = None
 
     def scope(self, key: str) -> str:
         if key not in self._scopes:
@@ -66,16 +65,6 @@ class Remap:
             raise LookupError(f"{qualname} (line {key.rpartition('@')[2]} of the captured source) is no longer in "
                               f"{self.new.filename}, and the program holds it; put it back to resume")
         return found
-
-    def old_scope(self, key: str) -> str:
-        """The captured key of a scope of the edited source (the capsule's own name for it)."""
-        if self._back is None:
-            self._back = {}
-            for k in self.old.scopes:
-                new = self.old.counterpart(k, self.new)
-                if new is not None:
-                    self._back[new] = k
-        return self._back.get(key, key)
 
     def sid(self, sid: int) -> int:
         if sid < 0:
@@ -92,10 +81,6 @@ class Remap:
             raise LookupError(f"class {qualname} (line {first} of the captured source) is no longer in "
                               f"{self.new.filename}, and the program holds it; put it back to resume")
         return new
-
-    def old_class_first(self, qualname: str, first: int) -> int:
-        back = self.new.class_counterpart(qualname, first, self.old)
-        return first if back is None else back
 
 
 @dataclass

@@ -51,6 +51,44 @@ _FRAMES: list[dict[str, Any]] | None = None
 # were rebuilt from (the fixpoint a fingerprint check needs). Value: [record, f_lasti or None].
 _REBUILT: weakref.WeakKeyDictionary[types.GeneratorType, list[Any]] = weakref.WeakKeyDictionary()
 _PENDING: list[types.GeneratorType] = []
+# Functions and classes of a source edited since the capture, made by this resume: how the
+# capsule described them (their reduce arguments), and which parts of their state it set.
+# While the resume's restore compares fingerprints, they reduce to that, not to what the
+# edited code made (a new method and its defaults are not in the capsule).
+_CAPTURED: weakref.WeakKeyDictionary[Any, tuple[Any, ...]] = weakref.WeakKeyDictionary()
+_STATE_KEYS: weakref.WeakKeyDictionary[Any, set[Any]] = weakref.WeakKeyDictionary()
+
+
+def _edited(obj: Any) -> bool:
+    module = getattr(obj, "__module__", None)
+    return isinstance(module, str) and module in RUNTIME.remaps
+
+
+def _as_captured(obj: Any, state: dict[str, Any], nested: tuple[str, ...] = ()) -> dict[str, Any]:
+    """``state`` cut to what the capsule set on ``obj`` (while a resume from an edited source
+    compares fingerprints; otherwise ``state``). ``nested``: keys holding dicts to cut too."""
+    if not (RUNTIME.as_captured and _edited(obj)):
+        return state
+    keys = _STATE_KEYS.get(obj, set())
+    out = {}
+    for k, v in state.items():
+        if k in nested:
+            v = {kk: vv for kk, vv in v.items() if (k, kk) in keys}
+            if v:
+                out[k] = v
+        elif k in keys:
+            out[k] = v
+    return out
+
+
+def _note_state(obj: Any, state: dict[str, Any], nested: tuple[str, ...] = ()) -> None:
+    if _edited(obj):
+        _STATE_KEYS[obj] = {(k, kk) for k in nested for kk in state.get(k, {})} | {k for k in state if k not in nested}
+
+
+def _function_setstate(fn: types.FunctionType, state: dict[str, Any]) -> None:
+    _note_state(fn, state)
+    code_reducers._function_setstate(fn, state)
 
 
 def set_capture(position: Position | None, frames: list[dict[str, Any]] | None = None) -> None:
@@ -144,6 +182,8 @@ def _make_function(module: str, scope: str, name: str, qualname: str, cells: dic
     closure = tuple(cells[n] if n in cells else types.CellType() for n in code.co_freevars)
     fn = types.FunctionType(code, tm.namespace, name, None, closure or None)
     fn.__qualname__ = qualname
+    if remap is not None:
+        _CAPTURED[fn] = (module, scope, name, qualname, cells)
     return fn
 
 
@@ -168,22 +208,21 @@ def _function_reduce(fn: types.FunctionType, pickler: Any) -> Any:
     if info is None or info[1] == "<module>":
         return code_reducers.reduce_function(fn, pickler)
     tm, scope = info
-    setstate = code_reducers._function_setstate
+    setstate = _function_setstate
     if _by_name(fn, tm):
-        state = _function_state(fn, False)
+        state = _as_captured(fn, _function_state(fn, False))
         return (_named, (tm.name, fn.__qualname__), state or None, None, None, setstate if state else None)
     owner = _owner(fn, tm)
     if owner is not None:
         return (_member, owner)
-    remap = _remap(tm.name)
-    if remap is not None and RUNTIME.as_captured:
-        scope = remap.old_scope(scope)
+    captured = _CAPTURED.get(fn) if RUNTIME.as_captured else None
     cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=False))
+    args = captured if captured is not None else (tm.name, scope, fn.__name__, fn.__qualname__, cells)
     state = _function_state(fn, True)
     if fn.__module__ != tm.namespace.get("__name__"):
         state["__module__"] = fn.__module__
-    return (_make_function, (tm.name, scope, fn.__name__, fn.__qualname__, cells), state or None,
-            None, None, setstate if state else None)
+    state = _as_captured(fn, state)
+    return (_make_function, args, state or None, None, None, setstate if state else None)
 
 
 def _class_state(cls: type) -> dict[str, Any]:
@@ -209,6 +248,7 @@ def _class_state(cls: type) -> dict[str, Any]:
 
 
 def _class_setstate(cls: type, state: dict[str, Any]) -> None:
+    _note_state(cls, state, ("data", "defaults"))
     for k, v in state.get("data", {}).items():
         setattr(cls, k, v)
     for (k, part), (d, kd) in state.get("defaults", {}).items():
@@ -306,6 +346,7 @@ def _make_class(module: str, qualname: str, first: int, bindings: dict[str, Any]
         return per["built"][token]  # type: ignore[no-any-return]
     tm = RUNTIME.module(module)
     remap = _remap(module)
+    captured_first = first
     if remap is not None:
         first = remap.class_first(qualname, first)
     ns = tm.namespace
@@ -328,6 +369,8 @@ def _make_class(module: str, qualname: str, first: int, bindings: dict[str, Any]
             else:
                 ns[k] = v
     per["built"][token] = cls
+    if remap is not None:
+        _CAPTURED[cls] = (module, qualname, captured_first, bindings, token)
     return cls  # type: ignore[no-any-return]
 
 
@@ -336,7 +379,7 @@ def _class_reduce(cls: type, pickler: Any) -> Any:
     tm = RUNTIME.modules.get(cls.__module__)
     if tm is None:
         return code_reducers.reduce_class(cls, pickler)
-    data = _class_state(cls)
+    data = _as_captured(cls, _class_state(cls), ("data", "defaults"))
     state = (data, None, None, _class_setstate) if data else ()
     if _by_name(cls, tm):
         return (_named, (tm.name, cls.__qualname__), *state)
@@ -350,11 +393,10 @@ def _class_reduce(cls: type, pickler: Any) -> Any:
     tokens = pickler.__dict__.setdefault("_sojourn_program_classes", {})
     token = tokens.setdefault(id(cls), len(tokens))
     pickler.keepalive(cls)
-    bindings = _bindings(cls, tm, first)
-    remap = _remap(tm.name)
-    if remap is not None and RUNTIME.as_captured:
-        first = remap.old_class_first(cls.__qualname__, first)
-    return (_make_class, (tm.name, cls.__qualname__, first, bindings, token), *state)
+    captured = _CAPTURED.get(cls) if RUNTIME.as_captured else None
+    if captured is not None:  # made by this resume from an edited statement: as the capsule has it
+        return (_make_class, captured, *state)
+    return (_make_class, (tm.name, cls.__qualname__, first, _bindings(cls, tm, first), token), *state)
 
 
 # Classes made by any other metaclass (torch.autograd.Function's FunctionMeta, a library's
