@@ -182,3 +182,49 @@ def test_a_function_paused_deep_in_its_own_recursion_calls_itself_again_after_re
     assert [s.returncode for s in chain.segments] == [EXIT_PAUSED, EXIT_PAUSED, 0], chain.describe()
     runner.same_as_plain(script, chain)
     assert chain.stdout == "16\n"
+
+
+def test_abstract_classes_keep_their_registrations_and_class_kinds_travel(runner: Runner) -> None:
+    script = runner.write("kinds.py", """
+        import abc, dataclasses, enum, functools, typing
+        class Color(enum.Enum):
+            RED = 1
+            BLUE = 2
+        class Pt(typing.NamedTuple):
+            x: int
+            y: int = 0
+        @dataclasses.dataclass(frozen=True)
+        class Frozen:
+            v: int = 3
+        class Temp:
+            def __init__(self):
+                self._c = 0
+            @property
+            def c(self):
+                return self._c
+            @c.setter
+            def c(self, v):
+                self._c = v
+            @functools.cached_property
+            def heavy(self):
+                return self._c * 100
+        class Base(abc.ABC):
+            @abc.abstractmethod
+            def run(self): ...
+        class Impl(Base):
+            def run(self):
+                return "ran"
+        Base.register(tuple)
+        t = Temp()
+        t.c = 4
+        held = [Color.RED, Pt(1), Frozen(), Impl()]
+        for i in range(3):
+            kill_here(i)
+            t.c += 1
+            print(i, held[0] is Color.RED, Color(2), Pt(2, 3), Frozen(), t.c, t.heavy, held[3].run(),
+                  isinstance(held[3], Base), issubclass(tuple, Base), isinstance((), Base), flush=True)
+    """)
+    chain = runner.chain(script, kills="1", pythons=[other_pythons()[0], other_pythons()[-1]])
+    assert [s.returncode for s in chain.segments] == [EXIT_PAUSED, 0], chain.describe()
+    runner.same_as_plain(script, chain)
+    assert chain.stdout.splitlines()[-1].endswith("True True True")

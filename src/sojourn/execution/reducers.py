@@ -234,7 +234,10 @@ def _class_state(cls: type) -> dict[str, Any]:
         return {}
     data = {}
     defaults = {}
+    registered = _abc_registered(cls)
     for k, v in vars(cls).items():
+        if k == "_abc_impl":
+            continue  # its registrations travel as "registered"
         for part in _PARTS:
             f = getattr(v, part, None) if part else v
             if isinstance(f, types.FunctionType) and (f.__defaults__ is not None or f.__kwdefaults__):
@@ -244,11 +247,28 @@ def _class_state(cls: type) -> dict[str, Any]:
         if isinstance(v, types.FunctionType | staticmethod | classmethod | property | type) or hasattr(type(v), "__get__"):
             continue
         data[k] = v
-    return {k: v for k, v in (("data", data), ("defaults", defaults)) if v}
+    return {k: v for k, v in (("data", data), ("defaults", defaults), ("registered", registered)) if v}
+
+
+def _abc_registered(cls: type) -> list[type]:
+    """The classes registered as virtual subclasses of an abstract class (``Base.register(tuple)``),
+    in a stable order."""
+    if "_abc_impl" not in vars(cls):
+        return []
+    import abc
+
+    try:
+        refs = abc._get_dump(cls)[0]  # type: ignore[attr-defined]
+    except (AttributeError, TypeError):
+        return []
+    found = [r() for r in refs]
+    return sorted((c for c in found if isinstance(c, type)), key=lambda c: (c.__module__, c.__qualname__, id(c)))
 
 
 def _class_setstate(cls: type, state: dict[str, Any]) -> None:
     _note_state(cls, state, ("data", "defaults"))
+    for c in state.get("registered", ()):
+        cls.register(c)  # type: ignore[attr-defined]
     for k, v in state.get("data", {}).items():
         setattr(cls, k, v)
     for (k, part), (d, kd) in state.get("defaults", {}).items():
@@ -387,6 +407,10 @@ def _class_reduce(cls: type, pickler: Any) -> Any:
     if owner is not None:
         return (_member, owner, *state)
     first = _class_line(cls, tm)
+    if first is None and "." not in cls.__qualname__:
+        # Made by no class statement of the module (collections.namedtuple, type(), enum's
+        # functional API): the capsule's class reducer knows those.
+        return code_reducers.reduce_class(cls, pickler)
     if "<locals>" in cls.__qualname__.split(".") or "." in cls.__qualname__ or first is None:
         return pickler.problem(cls, f"class {cls.__qualname__} of {tm.filename} is defined inside a function "
                                     "or another class; define it at the top level of its module to carry it")
