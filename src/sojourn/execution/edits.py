@@ -35,7 +35,6 @@ does not run again.
 from __future__ import annotations
 
 import ast
-import copy
 import dataclasses
 import difflib
 import os
@@ -111,29 +110,22 @@ def current_record(remaps: dict[str, Remap], rec: Any) -> Any:
 # -- prefixes ------------------------------------------------------------------------------------
 
 
-class _Own(ast.NodeTransformer):
-    """A statement as its own scope sees it: nested def/class bodies dropped, docstrings
-    blanked."""
-
-    def visit_FunctionDef(self, node: ast.AST) -> ast.AST:
-        node.body = []  # type: ignore[attr-defined]
-        return self.generic_visit(node)
-
-    visit_AsyncFunctionDef = visit_FunctionDef
-    visit_ClassDef = visit_FunctionDef
-
-    def visit_Expr(self, node: ast.Expr) -> ast.AST:
-        if isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
-            return ast.Expr(value=ast.Constant(""))
-        return self.generic_visit(node)
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
 
-def _dump(node: ast.AST | list[Any] | None) -> str:
-    if node is None:
-        return "-"
+def _dump(node: Any) -> str:
+    """A canonical text of ``node`` as its own scope sees it: fields without positions,
+    nested def/class bodies left out, docstrings by place only."""
     if isinstance(node, list):
         return "[" + ", ".join(_dump(n) for n in node) + "]"
-    return ast.dump(_Own().visit(copy.deepcopy(node)))
+    if not isinstance(node, ast.AST):
+        return repr(node)
+    if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+        return "Expr(<docstring>)"
+    scope = isinstance(node, _SCOPES)
+    fields = (f"{f}={_dump(getattr(node, f, None))}" for f in node._fields
+              if f != "type_comment" and not (scope and f == "body"))
+    return f"{type(node).__name__}(" + ", ".join(fields) + ")"
 
 
 _HEADS = {ast.For: ("target", "iter"), ast.While: ("test",), ast.If: ("test",), ast.With: ("items",),
