@@ -52,3 +52,79 @@ def test_errors_are_one_clear_line(tmp_path: Path) -> None:
     assert out.returncode == 2
     assert out.stderr.startswith("sojourn: error: no sojourn repository at")
     assert "Traceback" not in out.stderr
+
+
+def test_verify_checks_a_paused_programs_capsule_as_its_write_check_does(tmp_path: Path) -> None:
+    from tests.workspace.conftest import Shell
+
+    sh = Shell(tmp_path)
+    sh.write("prog.py", """
+        import dataclasses
+        SCALE = 3
+        @dataclasses.dataclass
+        class Point:
+            x: int = SCALE
+            def scaled(self, k=SCALE):
+                return self.x * k
+        def step(p, i):
+            return p.scaled() + i
+        p = Point()
+        for i in range(4):
+            kill_here(i)
+            print(step(p, i), flush=True)
+    """)
+    run = sh.cli("run", "prog.py", env={"KILLS": "2"})
+    assert run.returncode == 75, run.stderr
+    cap = sh.show(sh.show_id(run.stderr))["capsules"][-1]["id"]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    ok = sojourn_cmd("verify", cap, "--repo", sh.repo, cwd=elsewhere)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert f"{cap}: OK" in ok.stdout and "fingerprints matched" in ok.stdout
+    report = json.loads(sojourn_cmd("verify", cap, "--repo", sh.repo, "--json", cwd=elsewhere).stdout)
+    assert report["ok"] and {v["name"] for v in report["variables"]} >= {"Point", "step", "p"}
+    # What the write check would refuse, verify refuses, with the check's reason (an edit of
+    # code the paused program has run).
+    prog = sh.dir / "prog.py"
+    prog.write_text(prog.read_text().replace("p = Point()", "p = Point(5)"))
+    bad = sojourn_cmd("verify", cap, "--repo", sh.repo, cwd=elsewhere)
+    assert bad.returncode == 1 and "FAILED" in bad.stderr and "prog.py" in bad.stderr, bad.stderr
+
+
+def test_an_accepted_edit_is_recorded_in_the_workspace_and_source_gives_back_the_captured_file(tmp_path: Path) -> None:
+    from tests.workspace.conftest import Shell
+
+    sh = Shell(tmp_path)
+    prog = sh.write("prog.py", """
+        def report(total):
+            return f"total {total}"
+        total = 0
+        for i in range(4):
+            kill_here(i)
+            total += i
+        print(report(total))
+    """)
+    captured = prog.read_text()
+    run = sh.cli("run", "prog.py", env={"KILLS": "2"})
+    assert run.returncode == 75, run.stderr
+    ws = sh.show_id(run.stderr)
+    cap = sh.show(ws)["capsules"][-1]["id"]
+    prog.write_text(captured.replace('f"total {total}"', 'f"TOTAL = {total}"'))
+    again = sh.cli("resume", ws)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == "TOTAL = 6\n"
+    assert '+    return f"TOTAL = {total}"' in again.stderr
+    edited = [e for e in sh.show(ws)["events"] if e["type"] == "edited"]
+    assert len(edited) == 1 and edited[0]["capsule"] == cap
+    assert edited[0]["files"][0]["path"] == "prog.py" and '-    return f"total {total}"' in edited[0]["files"][0]["diff"]
+    assert f"resumed {cap} with sources edited since: prog.py (+1 -1)" in sh.cli("show", ws).stdout
+    # The source as captured: printed, one file alone, or written under a directory.
+    listing = sojourn_cmd("source", cap, "--repo", sh.repo, cwd=tmp_path)
+    assert listing.returncode == 0 and "# ==> prog.py (__main__, edited since the capture) <==" in listing.stdout
+    one = sojourn_cmd("source", cap, "prog.py", "--repo", sh.repo, cwd=tmp_path)
+    assert one.returncode == 0 and one.stdout == captured
+    out = sojourn_cmd("source", cap, "--repo", sh.repo, "--to", str(tmp_path / "recovered"), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "recovered" / "prog.py").read_text() == captured
+    missing = sojourn_cmd("source", cap, "other.py", "--repo", sh.repo, cwd=tmp_path)
+    assert missing.returncode != 0 and "holds no source 'other.py'; it holds prog.py" in missing.stderr

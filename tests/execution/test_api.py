@@ -128,8 +128,8 @@ def test_check_reports_a_failure_as_json(runner: Runner) -> None:
     """)
     seg = runner.segment(sys.executable, ["run", str(script)], env={"KILLS": "1"})
     assert seg.capsule
-    script.write_text(script.read_text() + "\n# edited\n")
+    script.write_text(script.read_text().replace("range(4)", "range(5)"))  # the loop the pause is in
     check = runner.segment(sys.executable, ["check", seg.capsule])
     assert check.returncode == 1
     report = json.loads(check.stdout.strip().splitlines()[-1])
-    assert report["ok"] is False and "changed since the capsule" in report["error"]
+    assert report["ok"] is False and "loop.py:" in report["error"] and "was edited inside the top-level code" in report["error"]

@@ -82,13 +82,21 @@ def test_library_modules_are_not_transformed(runner: Runner) -> None:
     assert seg.stdout.splitlines() == ["['__main__', 'mylib', 'mylib.stats']", "False True"]
 
 
-def test_resume_refuses_changed_sources_and_names_them(runner: Runner) -> None:
+def test_resume_refuses_an_edit_inside_a_paused_frame_and_names_it(runner: Runner) -> None:
     _project(runner)
     script = runner.dir / "train.py"
-    first = runner.segment(sys.executable, ["run", str(script)], env={"KILLS": "add3"})
-    assert first.capsule, first.stderr
+    first = runner.segment(sys.executable, ["run", str(script)], env={"KILLS": "add1"})
+    assert first.capsule and "in Running.add_all" in first.stderr, first.stderr
     stats = runner.dir / "mylib" / "stats.py"
-    stats.write_text(stats.read_text() + "\n# edited\n")
+    original = stats.read_text()
+    stats.write_text(original.replace("for v in values:", "for v in list(values):"))  # the loop add_all is in
     again = runner.segment(sys.executable, ["resume", first.capsule])
     assert again.returncode == 2
-    assert "changed since the capsule" in again.stderr and "stats.py" in again.stderr
+    line = original.splitlines().index("        for v in values:") + 1
+    assert f"mylib/stats.py:{line} was edited inside Running.add_all(), which is paused at line" in again.stderr, \
+        again.stderr
+    # A comment is no edit of the program: the resume carries on as if nothing had changed.
+    stats.write_text(original + "\n# edited\n")
+    again = runner.segment(sys.executable, ["resume", first.capsule])
+    assert again.returncode == 0, again.stderr
+    assert first.stdout + again.stdout == runner.plain(script).stdout

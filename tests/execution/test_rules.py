@@ -6,25 +6,32 @@ from __future__ import annotations
 from tests.execution.conftest import EXIT_PAUSED, Runner
 
 
-def test_top_level_imports_and_definitions_before_the_pause_run_again(runner: Runner) -> None:
+def test_top_level_imports_before_the_pause_run_again(runner: Runner) -> None:
     runner.write("noisy.py", """
         print("importing noisy", flush=True)
         value = 41
     """, prelude=False)
+    runner.write("lib/tools/__init__.py", "", prelude=False)
+    runner.write("lib/tools/extra.py", "def more(x):\n    return x * 100\n", prelude=False)
     script = runner.write("main.py", """
+        import os, sys
         import noisy
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
+        import tools.extra
         def helper():
             return noisy.value + 1
         print("top-level statement", flush=True)
         for i in range(3):
             kill_here(i)
             noisy.value += 1
-            print(i, helper(), flush=True)
+            print(i, helper(), tools.extra.more(i), flush=True)
     """)
     chain = runner.chain(script, kills="1")
-    assert [s.returncode for s in chain.segments] == [EXIT_PAUSED, 0]
+    assert [s.returncode for s in chain.segments] == [EXIT_PAUSED, 0], chain.describe()
     # The import ran again in the new process (its print shows), but the module's state is the
-    # captured one, and the other top-level statement did not run again.
+    # captured one, and the other top-level statement did not run again. The folder the
+    # program put on sys.path is there again (the statement that put it there does not run
+    # again), so its import and the submodule it imported are too.
     assert chain.segments[1].stdout.splitlines()[0] == "importing noisy"
     assert chain.stdout.count("top-level statement") == 1
     ref = runner.plain(script)

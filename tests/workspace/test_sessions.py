@@ -326,13 +326,14 @@ def test_a_resume_that_cannot_start_leaves_the_workspace_suspended(sh: Shell) ->
     ws = sh.show_id(first.stderr)
     cap = sh.show(ws)["last_capsule"]["id"]
     original = path.read_text()
-    path.write_text(original.replace('print("done")', 'print("changed")'))
+    path.write_text(original.replace("range(20)", "range(21)"))  # the loop the program is paused in
     bad = sh.cli("resume", ws)
     assert bad.returncode == 2 and bad.stdout == ""
-    assert "source changed" in bad.stderr and f"sojourn resume {ws}` carries on from {cap}" in bad.stderr
+    why = "was edited inside the top-level code"
+    assert why in bad.stderr and f"sojourn resume {ws}` carries on from {cap}" in bad.stderr
     rec = sh.show(ws)
     assert rec["state"] == "suspended" and rec["last_capsule"]["id"] == cap
-    assert rec["allocations"][-1]["stop_reason"] == "failed" and "source changed" in rec["allocations"][-1]["detail"]
+    assert rec["allocations"][-1]["stop_reason"] == "failed" and why in rec["allocations"][-1]["detail"]
     path.write_text(original)
     good = sh.cli("resume", ws)
     assert good.returncode == 0 and first.stdout + good.stdout == expected

@@ -25,6 +25,15 @@ from sojourn.errors import SojournWarning
 
 # Modules rebuilt from a capsule in this process: name -> the record they were built from.
 _REBUILT: dict[str, dict[str, Any]] = {}
+# Modules whose file may differ from the source a capsule recorded: whoever restores checked
+# the change (a paused program's resume accepts edits that leave its frames alone).
+_ACCEPTED: set[str] = set()
+
+
+def accept_edited(names: set[str]) -> None:
+    """Restores in this process import these modules from their files even where a file
+    differs from the source the capsule recorded, instead of rebuilding the recorded one."""
+    _ACCEPTED.update(names)
 
 
 def rebuilt_module_source(name: str) -> dict[str, Any] | None:
@@ -94,7 +103,7 @@ def ensure_user_module(name: str) -> types.ModuleType:
                     "not hold its source; restore the workspace files (files_to=) or put it on sys.path"
                 ) from e
             return _rebuild(name, rec, reason="it cannot be imported here")
-    if rec is None or _file_hash(mod) == rec["sha256"]:
+    if rec is None or name in _ACCEPTED or _file_hash(mod) == rec["sha256"]:
         return mod
     return _rebuild(name, rec, reason=f"{getattr(mod, '__file__', name)} differs from the captured source")
 

@@ -542,6 +542,12 @@ def global_names(code: types.CodeType) -> frozenset[str]:
 
 def definition_names(compiled: Compiled) -> list[str]:
     """Global names a class statement reads while it runs (not those its methods read later)."""
+    return statement_reads(compiled.module)
+
+
+def statement_reads(module: types.CodeType) -> list[str]:
+    """Global names the statements compiled in ``module`` read while they run: class bodies,
+    decorators, defaults and comprehensions, not the functions they define."""
     names: dict[str, None] = {}
 
     def visit(code: types.CodeType) -> None:
@@ -554,7 +560,7 @@ def definition_names(compiled: Compiled) -> list[str]:
             ):
                 visit(c)
 
-    visit(compiled.module)
+    visit(module)
     return list(names)
 
 

@@ -1,4 +1,4 @@
-"""``sojourn inspect`` and ``sojourn verify``."""
+"""``sojourn inspect``, ``sojourn verify`` and ``sojourn source``."""
 
 from __future__ import annotations
 
@@ -69,3 +69,36 @@ def verify_cmd(capsule: str, repo: str | None, python: str | None, as_json: bool
         click.echo(f"{report.capsule}: FAILED: {report.error}", err=True)
     if not report.ok:
         raise SystemExit(1)
+
+
+@click.command("source")
+@click.argument("capsule")
+@click.argument("file", required=False)
+@repo_option
+@click.option("--to", "to", default=None, type=click.Path(file_okay=False),
+              help="Write the captured files under this directory (their places relative to the script's folder).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for programs.")
+def source_cmd(capsule: str, file: str | None, repo: str | None, to: str | None, as_json: bool) -> None:
+    """Print the program's source as the capsule captured it (FILE: one file, by its path or
+    module name), or write it under a directory: to recover it, or diff it with an edit."""
+    found = ops.sources(capsule, repo)
+    if file is not None:
+        found = [s for s in found if file in (s.relpath, s.module, s.path)]
+        if not found:
+            names = ", ".join(s.relpath for s in ops.sources(capsule, repo))
+            raise click.ClickException(f"the capsule holds no source {file!r}; it holds {names}")
+    if to is not None:
+        written = ops.write_sources(found, to)
+        if as_json:
+            emit_json({"written": written})
+        else:
+            for path in written:
+                click.echo(path)
+    elif as_json:
+        emit_json([s.to_json() for s in found])
+    elif file is not None:
+        click.echo(found[0].text, nl=False)
+    else:
+        for s in found:
+            click.echo(f"# ==> {s.relpath} ({s.module}, {s.now} since the capture) <==")
+            click.echo(s.text, nl=not s.text.endswith("\n"))

@@ -57,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({"ok": False, "capsule": ns.capsule, "error": f"{type(e).__name__}: {e}"}))
             return 1
         print(json.dumps({"ok": True, "capsule": done.capsule, "python": done.python, "where": done.where,
-                          "notes": done.notes, "timings": done.timings}))
+                          "notes": done.notes, "timings": done.timings,
+                          "edits": [{k: e[k] for k in ("path", "added", "removed")} for e in done.edits]}))
         return 0
     except SystemExit as e:
         code = e.code

@@ -5,7 +5,7 @@ The capsule holds the main script's globals as its namespace and, in its process
 position: the main frame's record, which links to every frame it waits for, and the globals
 of the program's other modules. Its manifest labels carry, as JSON, what a resume needs
 *before* anything is unpickled: the sources and their hashes and layout digests, the argv,
-and where the main script stands (which top-level definitions to make again).
+and where the main script stands (which top-level imports to run again).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from sojourn.errors import Problem
 from sojourn.execution import position
 from sojourn.execution.autograd import direct_live, live_graphs, released_bindings
 from sojourn.execution.position import Deferred, Position, Refused
-from sojourn.execution.reducers import set_capture
+from sojourn.execution.reducers import frame_entry, set_capture
 from sojourn.execution.runtime import Runtime
 from sojourn.execution.transform import TRANSFORM_VERSION
 
@@ -30,8 +30,7 @@ if TYPE_CHECKING:
     from sojourn.execution.pause import PauseConfig, PauseEvent, _Request
 
 LABEL = "sojourn.execution"
-FORMAT_VERSION = 1
-DEFINITIONS = ("FunctionDef", "AsyncFunctionDef", "ClassDef")
+FORMAT_VERSION = 2  # 2: no definition of the main script runs again on resume
 
 
 def position_at(rt: Runtime, frame: types.FrameType, sid: int) -> Position:
@@ -41,17 +40,6 @@ def position_at(rt: Runtime, frame: types.FrameType, sid: int) -> Position:
 def main_top(rt: Runtime, pos: Position) -> int:
     assert rt.main is not None
     return rt.main.layout.stmts[pos.main.sid].path[0][1]
-
-
-def definitions_before(rt: Runtime, top: int) -> frozenset[str]:
-    """Names bound by the main script's top-level def/class statements before ``top``: the ones
-    a resume defines again before it restores the capsule."""
-    assert rt.main is not None
-    names: set[str] = set()
-    for kind, defined in rt.main.layout.toplevel[:top]:
-        if kind in DEFINITIONS:
-            names.update(defined)
-    return frozenset(names)
 
 
 def _skipped(name: str) -> bool:
@@ -133,13 +121,17 @@ def label_data(rt: Runtime, pos: Position, reason: str) -> dict[str, Any]:
         "script": script,
         "script_rel": None if rel.startswith("..") else rel,
         "argv": list(sys.argv),
+        "sys_path": list(sys.path),
         "main_top": main_top(rt, pos),
         "where": pos.describe(),
         "reason": reason,
         "sources": {
-            name: {"path": tm.filename, "sha256": tm.layout.sha256, "digest": tm.layout.digest}
+            name: {"path": tm.filename, "sha256": tm.layout.sha256, "digest": tm.layout.digest, "text": tm.source}
             for name, tm in rt.modules.items()
         },
+        # The frames that carry on from a statement (generators are added as they are
+        # pickled): a resume from an edited source checks that the edit leaves them alone.
+        "frames": [frame_entry(r) for r in pos.records],
     }
 
 
@@ -150,7 +142,6 @@ def write_capsule(rt: Runtime, pos: Position, config: PauseConfig, req: _Request
     from sojourn.repository.repo import open_repository
 
     assert rt.main is not None
-    rt.main_definitions = definitions_before(rt, main_top(rt, pos))
     modules = module_globals(rt)
     extra = {LABEL: {"version": FORMAT_VERSION, "main": pos.main, "modules": modules}}
     labels = {**config.labels, LABEL: label_data(rt, pos, req.reason)}
@@ -162,7 +153,7 @@ def write_capsule(rt: Runtime, pos: Position, config: PauseConfig, req: _Request
     for scope, name, detached in swaps:
         scope[name] = detached
     t0 = time.perf_counter()
-    set_capture(pos)
+    set_capture(pos, labels[LABEL]["frames"])
     try:
         with open_repository(config.repo, create=True) as repo:
             if low_memory:
@@ -183,7 +174,6 @@ def scan_state(rt: Runtime, pos: Position) -> list[Problem]:
     """What a pause here would refuse, without writing anything (the periodic early warning)."""
     from sojourn.capsule.scan import scan
 
-    rt.main_definitions = definitions_before(rt, main_top(rt, pos))
     ns = _roots(rt, pos)
     set_capture(pos)
     try:

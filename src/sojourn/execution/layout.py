@@ -64,6 +64,36 @@ class Layout:
     digest: str = ""
     index: dict[tuple[str, Path], int] = field(default_factory=dict, repr=False, compare=False)
 
+    def counterpart(self, key: str, other: Layout) -> str | None:
+        """The scope of ``other`` (another version of this source) that stands where ``key``
+        stands here: the same qualified name, and the same place among the scopes of that
+        name (a redefinition, a ``def`` under ``if``/``else``). None when it is gone."""
+        if key == "<module>":
+            return key
+        q = self.scopes[key].qualname
+        mine = [k for k, sc in self.scopes.items() if sc.qualname == q]
+        theirs = [k for k, sc in other.scopes.items() if sc.qualname == q]
+        i = mine.index(key)
+        return theirs[i] if i < len(theirs) else None
+
+    def class_counterpart(self, qualname: str, first: int, other: Layout) -> int | None:
+        """The first line, in ``other``, of the class statement that is ``qualname``'s at line
+        ``first`` here (matched as :meth:`counterpart` matches scopes)."""
+        mine = [f for f, _ in self.classes.get(qualname, [])]
+        theirs = [f for f, _ in other.classes.get(qualname, [])]
+        if first not in mine:
+            return None
+        i = mine.index(first)
+        return theirs[i] if i < len(theirs) else None
+
+    def sid_of(self, scope: str, path: Path) -> int | None:
+        return self._indexed().get((scope, path))
+
+    def _indexed(self) -> dict[tuple[str, Path], int]:
+        if not self.index:
+            self.index.update({(st.scope, st.path): i for i, st in enumerate(self.stmts)})
+        return self.index
+
     def where(self, sid: int) -> str:
         st = self.stmts[sid]
         q = self.scopes[st.scope].qualname
@@ -78,24 +108,23 @@ class Layout:
         encloses ``sid`` in its body (the program then handles the error itself)."""
         if not self.catching:
             return False
-        self.ancestors(sid)  # builds the index
+        index = self._indexed()
         st = self.stmts[sid]
         for k in range(1, len(st.path)):
-            a = self.index.get((st.scope, st.path[:k]))
+            a = index.get((st.scope, st.path[:k]))
             if a is not None and a in self.catching and st.path[k][0] == "body":
                 return True
         return False
 
     def ancestors(self, sid: int) -> list[int]:
         """Statements that enclose ``sid`` in its scope, outermost first."""
-        if not self.index:
-            self.index.update({(st.scope, st.path): i for i, st in enumerate(self.stmts)})
+        index = self._indexed()
         st = self.stmts[sid]
         out = []
         for k in range(1, len(st.path)):
             if st.path[k - 1][0] in ("handlers", "cases"):
                 continue
-            a = self.index.get((st.scope, st.path[:k]))
+            a = index.get((st.scope, st.path[:k]))
             if a is not None:
                 out.append(a)
         return out

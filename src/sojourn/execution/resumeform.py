@@ -172,23 +172,27 @@ def _compile(tree: ast.Module, filename: str) -> types.CodeType:
 
 
 def module_resume_code(tm: TransformedModule, rec: FrameRecord) -> types.CodeType:
+    from sojourn.execution.runtime import RUNTIME
+
+    rec = RUNTIME.current_record(rec)
     tree, _ = tm.clean()
     path = tm.layout.stmts[rec.sid].path
     body = _Cutter(tm.layout, rec).block(tree.body, path)
     return _compile(ast.Module(body=body, type_ignores=[]), tm.filename)
 
 
-def definitions_code(tm: TransformedModule, upto: int) -> types.CodeType:
-    """The imports, functions and classes the module had defined before statement ``upto``."""
+def imports_code(tm: TransformedModule, upto: int) -> list[types.CodeType]:
+    """The module's top-level imports before statement ``upto``, one code object each (the
+    only statements of a resumed main script that run again: definitions come back from the
+    capsule)."""
     tree, _ = tm.clean()
-    keep = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
-    body: list[ast.stmt] = []
+    out = []
     for S in tree.body[:upto]:
-        if isinstance(S, keep):
+        if isinstance(S, ast.Import) or (isinstance(S, ast.ImportFrom) and S.module != "__future__"):
             S2: ast.stmt = copy.deepcopy(S)
             S2._sj_nocheck = True  # type: ignore[attr-defined]
-            body.append(S2)
-    return _compile(ast.Module(body=body, type_ignores=[]), tm.filename)
+            out.append(_compile(ast.Module(body=[S2], type_ignores=[]), tm.filename))
+    return out
 
 
 def class_code(tm: TransformedModule, qualname: str, first: int) -> types.CodeType:
@@ -267,9 +271,13 @@ def _variant_tree(tm: TransformedModule, rec: FrameRecord, F: ast.FunctionDef, o
     # The function whose parameters are the free variables goes *inside* the class that gives
     # private names their mangling: a class statement inside a function would bind the class
     # name in that function, and a method naming its own class would read that binding.
+    # Defined inside that function, the variant's own name would be a variable of it, which
+    # a call of the function by its (global) name from the variant would find unbound.
+    own = [] if F.name in outer_names else [ast.Global(names=[F.name])]
     outer = ast.FunctionDef(name="__sojourn_outer__", args=ast.arguments(
         posonlyargs=[], args=[ast.arg(arg=n) for n in outer_names], vararg=None, kwonlyargs=[],
-        kw_defaults=[], kwarg=None, defaults=[]), body=[V, ast.Return(value=None)], decorator_list=[], returns=None)
+        kw_defaults=[], kwarg=None, defaults=[]), body=[*own, V, ast.Return(value=None)], decorator_list=[],
+        returns=None)
     if hasattr(F, "type_params"):
         outer.type_params = []  # type: ignore[attr-defined]
     T.located(outer, F)
@@ -308,6 +316,7 @@ def _requalify(code: types.CodeType, old: str, new: str) -> types.CodeType:
 
 
 def variant_code(rt: Runtime, rec: FrameRecord) -> types.CodeType:
+    rec = rt.current_record(rec)
     key = (rec.module, rec.scope, rec.sid, rec.mode, rec.via, tuple(sorted(rec.locals or ())))
     code = rt.variants.get(key)
     if code is not None:
@@ -353,4 +362,4 @@ def variant_args(fn: types.FunctionType, rec: FrameRecord) -> tuple[Any, ...]:
     return (rec,)
 
 
-__all__ = ["BOOT", "definitions_code", "module_resume_code", "variant_args", "variant_function"]
+__all__ = ["BOOT", "imports_code", "module_resume_code", "variant_args", "variant_function"]

@@ -3,10 +3,12 @@
 ``run_script`` runs the script as ``__main__`` in this process, in normal form, with the pause
 machinery installed. ``resume`` does, in a fresh process:
 
-1. read the capsule's manifest (nothing unpickled yet) and refuse if a source changed, or if
-   this Python parses it into a different layout;
-2. compile the sources again (in normal form) and define again the main script's top-level
-   imports, functions and classes that came before the paused statement;
+1. read the capsule's manifest (nothing unpickled yet) and refuse if a source was edited
+   where the paused program stands (other edits are accepted, :mod:`edits`), or if this
+   Python parses a source into a different layout;
+2. compile the sources again (in normal form) and run again the main script's top-level
+   imports that came before the paused statement (no definition: functions and classes come
+   back from the capsule with their state);
 3. restore the capsule into the main script's globals (fingerprints checked), then the other
    modules' globals, and run the rebuilt generators up to where they stopped;
 4. run the main script's resume copy, which re-enters every saved frame in turn.
@@ -25,10 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from sojourn.errors import SojournError
-from sojourn.execution import importer, pause
+from sojourn.execution import edits, importer, pause
 from sojourn.execution.checkpoint import FORMAT_VERSION, LABEL
 from sojourn.execution.runtime import RUNTIME
-from sojourn.execution.transform import TRANSFORM_VERSION, source_hash
+from sojourn.execution.transform import TRANSFORM_VERSION
 
 PathLike = str | os.PathLike[str]
 
@@ -46,6 +48,7 @@ class Resumed:
     where: str
     notes: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    edits: list[dict[str, Any]] = field(default_factory=list)  # sources changed since the capture, accepted
 
 
 def _read_source(path: Path) -> str:
@@ -140,26 +143,73 @@ def _find_script(info: dict[str, Any]) -> Path:
     return Path(info["script"])
 
 
-def _check_sources(info: dict[str, Any], script: Path) -> None:
-    changed = []
+def _sources_now(info: dict[str, Any], script: Path) -> dict[str, tuple[str, str | None]]:
+    """Per source of the program: where it is now, and its text (None when it is gone)."""
+    out: dict[str, tuple[str, str | None]] = {}
     for name, src in info["sources"].items():
         path = script if name == "__main__" else Path(src["path"])
         if name != "__main__" and not path.exists():
             rel = os.path.relpath(src["path"], os.path.dirname(info["script"]))
             path = script.parent / rel
         try:
-            text = _read_source(path)
-        except OSError:
-            changed.append(f"{path} (missing)")
+            out[name] = (str(path), _read_source(path))
+        except (OSError, SyntaxError, UnicodeDecodeError):
+            out[name] = (str(path), None)
+    return out
+
+
+def _check_sources(capsule: str, info: dict[str, Any], script: Path) -> list[edits.Change]:
+    """The sources' changes since the capture that the resume accepts; a ResumeError for an
+    edit inside the paused program (see :mod:`sojourn.execution.edits`)."""
+    plan = edits.plan(info, _sources_now(info, script))
+    if not plan.refused:
+        return plan.changes
+    why = "; ".join(plan.refused)
+    if plan.touched:
+        raise ResumeError(f"{why}: the code of a paused function up to the statement it is paused at must stay "
+                          "as it was (comments, other functions and code after that statement may change). Undo "
+                          f"that edit to resume; `sojourn source {capsule}` prints the source as captured")
+    raise ResumeError(f"{why}. Put the captured sources back to resume: `sojourn source {capsule} --to DIR` "
+                      "writes them")
+
+
+def _say_changes(capsule: str, changes: list[edits.Change]) -> None:
+    for c in changes:
+        print(f"sojourn: {c.path} changed since capsule {capsule} was written (+{c.added} -{c.removed} lines); "
+              "the paused program does not stand in what changed, so the new code runs:", file=sys.stderr)
+        sys.stderr.write(c.diff)
+    sys.stderr.flush()
+
+
+def _program_path(info: dict[str, Any], script: Path) -> None:
+    """Put back the folders of the workspace that the program had put on ``sys.path``
+    (``sys.path.insert(0, "lib")``: the statement does not run again), where the script is
+    now, in their order, after the script's own folder. Folders outside the script's are not
+    the program's to carry (another machine's, another Python's site-packages)."""
+    old = os.path.dirname(info["script"])
+    found = []
+    for entry in info.get("sys_path", []):
+        if not isinstance(entry, str) or not entry:
             continue
-        if source_hash(text) != src["sha256"]:
-            changed.append(str(path))
-    if changed:
-        raise ResumeError(
-            "the program's source changed since the capsule was written, so its saved position "
-            "would point into different code: " + ", ".join(changed) + ". Restore those files "
-            "as they were to resume."
-        )
+        rel = os.path.relpath(os.path.abspath(entry), old) if os.path.isabs(entry) else None
+        if rel is None or rel.startswith(".."):
+            continue
+        here = os.path.normpath(os.path.join(script.parent, rel))
+        if here not in sys.path and here not in found and os.path.exists(here):
+            found.append(here)
+    sys.path[1:1] = found
+
+
+def _import_again(codes: list[types.CodeType], ns: dict[str, Any]) -> None:
+    """Run the main script's imports again (their side effects, submodules a module reference
+    does not import). One that fails here may have needed state of the statements that do
+    not run again (``sys.path.insert`` before it): the capsule imports every module it
+    refers to by itself, and says so if one cannot be found."""
+    for code in codes:
+        try:
+            exec(code, ns)
+        except ImportError:
+            pass
 
 
 def resume(
@@ -176,6 +226,7 @@ def resume(
     on_oom: Callable[[BaseException], None] | None = None,
     files: str | None = None,
     before_run: Callable[[], None] | None = None,
+    on_edit: Callable[[list[dict[str, Any]]], None] | None = None,
 ) -> Any:
     """Carry on, in this (fresh) process, the program paused in capsule ``capsule_id``.
 
@@ -183,14 +234,17 @@ def resume(
     is restored and checked, without running anything). Later pauses write capsules whose parent
     is ``capsule_id``, with the files under ``files`` when given (like ``run_script``).
     ``before_run()`` is called once everything is restored and checked, before the first
-    statement runs.
+    statement runs. Sources edited since the capture are accepted where the edit leaves the
+    paused program's frames alone (:mod:`sojourn.execution.edits`): their diffs are printed,
+    and ``on_edit(changes)`` gets one dict per changed file (path, lines added and removed,
+    the unified diff) before the first statement runs.
     """
     import time
 
     from sojourn.capsule import format as fmt
     from sojourn.capsule.restore import restore_capsule
     from sojourn.execution.reducers import prime_rebuilt
-    from sojourn.execution.resumeform import definitions_code, module_resume_code
+    from sojourn.execution.resumeform import imports_code, module_resume_code
     from sojourn.execution.transform import REC
     from sojourn.repository.repo import open_repository
 
@@ -206,23 +260,29 @@ def resume(
                               f"execution engine (format {info.get('version')}, transform "
                               f"{info.get('transform')}); resume it with that version")
         script = _find_script(info)
-        _check_sources(info, script)
+        changes = _check_sources(manifest.id, info, script)
+        RUNTIME.remaps = {c.module: c.remap for c in changes}
+        if changes:
+            from sojourn.capsule.modules import accept_edited
+
+            accept_edited({c.module for c in changes})  # their edited files, not the recorded source
         main = _prepare(script, info["argv"])
         tm = RUNTIME.load(_read_source(script), "__main__", str(script), main.__dict__)
-        if tm.layout.digest != info["sources"]["__main__"]["digest"]:
+        if "__main__" not in RUNTIME.remaps and tm.layout.digest != info["sources"]["__main__"]["digest"]:
             raise ResumeError(f"Python {sys.version.split()[0]} reads {script} into a different "
                               f"statement layout than Python {info['python']} did; resume it with that version")
         ctl = None
         if run:  # signals that arrive while the capsule loads are held until the program runs
             ctl = pause.start(_config(repo, on_capsule, on_refusal, manifest.id, files, labels, signals, scan_interval,
                                       on_oom))
-        top = int(info["main_top"])
-        from sojourn.execution.checkpoint import definitions_before
-
-        RUNTIME.main_definitions = definitions_before(RUNTIME, top)
-        exec(definitions_code(tm, top), main.__dict__)
+        _program_path(info, script)
+        _import_again(imports_code(tm, int(info["main_top"])), main.__dict__)
         t_defs = time.perf_counter()
-        restored = restore_capsule(r, manifest.id, files_to=files_to, into=main.__dict__)
+        RUNTIME.as_captured = True  # the fingerprint check re-pickles: name the code as the capsule does
+        try:
+            restored = restore_capsule(r, manifest.id, files_to=files_to, into=main.__dict__)
+        finally:
+            RUNTIME.as_captured = False
     state = restored.process[LABEL]
     for name, values in state["modules"].items():
         RUNTIME.module(name).namespace.update(values)
@@ -233,8 +293,11 @@ def resume(
     main.__dict__[REC] = main_rec
     t_end = time.perf_counter()
     if not run:
-        return Resumed(manifest.id, sys.version.split()[0], info.get("where", ""), list(restored.notes),
-                       {"prepare": t_defs - t0, "restore": restored.timings.get("total", 0.0), "total": t_end - t0})
+        notes = [f"{c.path} changed since the capture (+{c.added} -{c.removed} lines), outside the paused "
+                 "program's frames: a resume runs the new code" for c in changes]
+        return Resumed(manifest.id, sys.version.split()[0], info.get("where", ""), [*restored.notes, *notes],
+                       {"prepare": t_defs - t0, "restore": restored.timings.get("total", 0.0), "total": t_end - t0},
+                       [c.event() for c in changes])
     from sojourn.execution import loaders
 
     loaders.materialize()  # DataLoader iterators: replayed now, their workers started
@@ -242,6 +305,10 @@ def resume(
         before_run()
     for note in restored.notes:
         print(f"sojourn: {note}", file=sys.stderr)
+    if changes:
+        _say_changes(manifest.id, changes)
+        if on_edit is not None:
+            on_edit([c.event() for c in changes])
     assert ctl is not None
     ctl.enabled = True
     _run(ctl, code, main.__dict__)

@@ -155,10 +155,12 @@ class Runtime:
         self.on_pause: PauseHook | None = None
         self.on_oom: OomHook | None = None
         self.variants: dict[tuple[Any, ...], types.CodeType] = {}
-        # Top-level def/class names of the main script that a resume defines again before it
-        # restores the capsule: those travel by name (see reducers).
-        self.main_definitions: frozenset[str] = frozenset()
         self.previous_main: types.ModuleType | None = None  # the __main__ the script replaced
+        # A resume from sources edited since the capture: per changed module, from the
+        # captured layout to the edited one (sojourn.execution.edits). While the resume's
+        # restore compares fingerprints, the program's code is named as the capsule names it.
+        self.remaps: dict[str, Any] = {}
+        self.as_captured = False
 
     # -- modules ---------------------------------------------------------------------------
 
@@ -225,6 +227,14 @@ class Runtime:
             if tm is None:
                 raise RuntimeError(f"module {name!r} was imported without sojourn's transform")
         return tm
+
+    def current_record(self, rec: Any) -> Any:
+        """A frame record of the capsule, in the statement ids of the sources as they are now."""
+        if not self.remaps:
+            return rec
+        from sojourn.execution.edits import current_record
+
+        return current_record(self.remaps, rec)
 
     def reset(self) -> None:
         self.__init__()  # type: ignore[misc]

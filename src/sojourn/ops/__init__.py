@@ -7,6 +7,7 @@ from __future__ import annotations
 from sojourn.ops.capsules import (
     CapsuleInfo,
     CapsuleRef,
+    CapturedSource,
     PathLike,
     VariableInfo,
     VerifyReport,
@@ -14,7 +15,9 @@ from sojourn.ops.capsules import (
     inspect,
     restore,
     scan,
+    sources,
     verify,
+    write_sources,
 )
 from sojourn.ops.history import checkpoint, fork, gc, history
 from sojourn.ops.machines import MachineInfo, machines, remove_machine, set_machine
@@ -35,6 +38,7 @@ from sojourn.ops.workspaces import (
 __all__ = [
     "CapsuleInfo",
     "CapsuleRef",
+    "CapturedSource",
     "DetachedSession",
     "MachineInfo",
     "PathLike",
@@ -61,6 +65,8 @@ __all__ = [
     "scan",
     "set_machine",
     "show",
+    "sources",
     "suspend",
     "verify",
+    "write_sources",
 ]

@@ -398,6 +398,9 @@ def describe_event(ev: dict[str, Any]) -> str:
     if t == "launch-check":
         return f"launch check {ev.get('check')} on {ev.get('provider')}:{ev.get('offer')}: {ev.get('outcome')}" + (
             f" ({ev['detail']})" if ev.get("detail") else "")
+    if t == "edited":
+        files = ", ".join(f"{f.get('path')} (+{f.get('added')} -{f.get('removed')})" for f in ev.get("files") or [])
+        return f"resumed {ev.get('capsule')} with sources edited since: {files}"
     if t == "note":
         return str(ev.get("message", ""))
     return str(t)

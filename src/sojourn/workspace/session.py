@@ -121,6 +121,13 @@ class Channel:
         if not self.send(msg) and event.action == "exit":
             self._record_alone(msg)
 
+    def on_edit(self, capsule: str, changes: list[dict[str, Any]]) -> None:
+        """Sources edited since ``capsule`` that the resume accepted: recorded in the
+        workspace (an ``edited`` event, with each file's diff, cut at 64 KiB)."""
+        files = [{**c, "diff": c["diff"] if len(c["diff"]) <= 65536 else c["diff"][:65536] + "\n... (cut)\n"}
+                 for c in changes]
+        self.send({"event": "edited", "capsule": capsule, "files": files})
+
     def _hold(self, msg: dict[str, Any], move: str) -> None:
         """A move's capsule is written: stay at this statement boundary until the verdict.
         Exit when the destination won the epoch; carry on (under the epoch the abort took)
@@ -418,6 +425,8 @@ def main(argv: list[str] | None = None) -> int:
     if ns.cmd == "incoming":
         ns.capsule = incoming_capsule(ch, ns.preload)
         opts["before_run"] = lambda: incoming_go(ch)
+    if ns.cmd != "run" and "on_edit" in inspect.signature(entry).parameters:
+        opts["on_edit"] = lambda changes: ch.on_edit(ns.capsule, changes)
     try:
         if ns.cmd == "run":
             code = runner.run_script(ns.script, ns.args, **opts)

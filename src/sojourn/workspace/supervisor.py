@@ -339,6 +339,8 @@ class Supervisor:
                 self.pending = None
             self.append({"type": "refused", "reason": msg.get("reason"), "message": msg.get("message"),
                          "problems": msg.get("problems", [])})
+        elif kind == "edited":
+            self.append({"type": "edited", "capsule": msg.get("capsule"), "files": msg.get("files", [])})
         elif kind == "status":
             self.status_msg = msg
         elif kind == "exit":
