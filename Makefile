@@ -6,7 +6,7 @@ PIP     = $(PY) -m pip
 # torch: the CPU build (the plain name pulls a multi-GB CUDA build).
 TORCH  ?= torch==2.13.0
 
-.PHONY: setup demo demo-capsule test lint unit crossvenvs bench clean
+.PHONY: setup demo demo-capsule test lint unit crossvenvs crossarch bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,15 @@ unit: setup
 
 test: setup crossvenvs lint
 	$(PY) -m pytest -q
+
+# Capsules and paused programs moved to s390x (big-endian) and back under qemu-user: the
+# rootfs is built once per machine into ~/.cache/sojourn/rootfs (10-20 min); arm64 too
+# with ARCHES="s390x arm64". Needs root (debootstrap, chroot). `make test` runs these
+# tests as well when a rootfs is there (CI builds s390x's in the background).
+ARCHES ?= s390x
+crossarch: setup
+	for a in $(ARCHES); do tools/foreign-rootfs $$a || exit 1; done
+	SOJOURN_REQUIRE_CROSSARCH=$$(echo $(ARCHES) | tr ' ' ,) $(PY) -m pytest -q tests/crossarch
 
 bench: setup
 	$(PY) bench/bench_capsule.py

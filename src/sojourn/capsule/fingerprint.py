@@ -21,6 +21,8 @@ forms differ.
 from __future__ import annotations
 
 import pickletools
+import sys
+import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -156,10 +158,10 @@ def canonical_digests(
             elif name in ("STACK_GLOBAL",):
                 qual = stack.pop()
                 mod = stack.pop()
-                stack.append(("global", mod, qual))
+                stack.append(_global(mod, qual))
             elif name == "GLOBAL":
                 mod, _, qual = arg.partition(" ")
-                stack.append(("global", mod, qual))
+                stack.append(_global(mod, qual))
             elif name in ("REDUCE", "NEWOBJ"):
                 args = stack.pop()
                 fn = stack.pop()
@@ -202,6 +204,29 @@ def canonical_digests(
         if index in wanted:
             out[index] = _digest(value)
     return out
+
+
+def _global(mod: Any, qual: Any) -> tuple[Any, ...]:
+    """A global by the name its object gives itself, where this process has it.
+
+    Two Python versions may name one class from two modules (``pathlib.Path`` on 3.12 is
+    ``pathlib._local.Path`` on 3.13): both streams' names are looked up in the modules
+    already imported (dictionaries only: no import, no module ``__getattr__`` runs) and an
+    object found is named by its own ``__module__`` and ``__qualname__``."""
+    if not isinstance(mod, str) or not isinstance(qual, str):
+        return ("global", mod, qual)
+    obj: Any = sys.modules.get(mod)
+    for part in qual.split("."):
+        space = getattr(obj, "__dict__", None)
+        obj = space.get(part) if space is not None and hasattr(space, "get") else None
+        if obj is None:
+            return ("global", mod, qual)
+    if not isinstance(obj, type | types.FunctionType | types.BuiltinFunctionType):
+        return ("global", mod, qual)  # an instance's attributes could run its code
+    own_mod, own_qual = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+    if isinstance(own_mod, str) and isinstance(own_qual, str) and (own_mod, own_qual) != (mod, qual):
+        return ("global", own_mod, own_qual)
+    return ("global", mod, qual)
 
 
 def extern_token(obj: Any, index: int) -> Any:

@@ -87,11 +87,16 @@ class Manifest:
     labels: dict[str, Any] = field(default_factory=dict)
     id: str = ""
     version: int = VERSION
+    # The byte order of the stream's and buffers' binary values: little on every machine
+    # (docs/capsule-format.md, "Byte order"). Capsules written before it was recorded are
+    # in their writer's order (``environment.byteorder``).
+    byteorder: str = "little"
 
     def body(self) -> dict[str, Any]:
         return {
             "format": FORMAT,
             "version": self.version,
+            "byteorder": self.byteorder,
             "parent": self.parent,
             "created": self.created,
             "environment": self.environment,
@@ -206,9 +211,26 @@ def open_manifest(raw: bytes, key: bytes, expected_id: str | None = None) -> Man
             devices=body.get("devices", []),
             stats=body.get("stats", {}),
             labels=body.get("labels", {}),
+            byteorder=body.get("byteorder") or body.get("environment", {}).get("byteorder") or "little",
         )
     except (KeyError, TypeError, ValueError) as e:
         raise IntegrityError(f"capsule {cap_id} has a malformed manifest ({e})") from None
+
+
+def check_readable(manifest: Manifest) -> None:
+    """Refuse, before anything is read, a capsule whose byte order this sojourn cannot read."""
+    if manifest.byteorder != "little":
+        where = manifest.environment.get("machine", "a big-endian machine")
+        raise IntegrityError(
+            f"capsule {manifest.id} was written on {where} by a sojourn older than the "
+            f"byte-order-independent format: its values are in {manifest.byteorder}-endian "
+            "order. Restore it there with the sojourn that wrote it, then capture it again."
+        )
+    if sys.byteorder != "little" and any(b.kind == "torch-storage" for b in manifest.buffers):
+        raise IntegrityError(
+            f"capsule {manifest.id} holds torch tensors, which sojourn cannot yet swap to this "
+            "machine's big-endian byte order: restore it on a little-endian machine (x86_64, arm64)"
+        )
 
 
 def resolve_id(repo: Repository, capsule: str) -> str:

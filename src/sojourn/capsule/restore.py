@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import gc
 import io
+import json
 import os
 import pickle
 import sys
@@ -26,8 +27,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from sojourn.capsule import (
+    byteorder,
+    reducers,  # noqa: F401  (registers every reducer)
+)
 from sojourn.capsule import format as fmt
-from sojourn.capsule import reducers  # noqa: F401  (registers every reducer)
 from sojourn.capsule.context import RestoreContext, restoring
 from sojourn.capsule.environment import check_distributions
 from sojourn.capsule.fingerprint import (
@@ -120,6 +124,7 @@ def restore_capsule(
 ) -> Restored:
     t0 = time.perf_counter()
     manifest = fmt.load_manifest(repo, capsule)
+    fmt.check_readable(manifest)
     notes = check_distributions(manifest.distributions, manifest.environment)
     files_root = Path(files_to).absolute()
     if manifest.files:
@@ -145,7 +150,7 @@ def restore_capsule(
     process_state: dict[str, Any] = {}
     with restoring(ctx), _no_gc():
         feed = _Feed(stream)
-        unpickler = pickle.Unpickler(feed, buffers=iter(objects))
+        unpickler = byteorder.unpickler(feed, iter(objects))
         memo = _Memo(unpickler, feed)
         bases: list[int] = []
         for var in manifest.variables:
@@ -316,6 +321,7 @@ def check_fingerprints(
             differing.add(i)
     if ctx.problems:
         raise RestoreError("the restored objects could not be pickled again to check them")
+    _check_array_meta(manifest, pickler.buffers)
     if not differing:
         return
     # Bytes differ: compare canonical forms (string identity and set order do not count).
@@ -353,4 +359,22 @@ def check_fingerprints(
             + ", ".join(repr(n) for n in mismatched)
             + f" (capsule {manifest.id}): the restored value differs from the captured one; "
             "the restore was refused"
+        )
+
+
+def _check_array_meta(manifest: fmt.Manifest, again: list[BufferOut]) -> None:
+    """An array's dtype (its byte order included), shape and layout are in its buffer's
+    meta, not in the fingerprint: the restored arrays must give the captured meta again.
+    (Buffers that differ in number differ in the stream too: the fingerprints say so.)"""
+    if len(again) != len(manifest.buffers):
+        return
+    owners = [v.name for v in manifest.variables for _ in range(*v.buffers)]
+    wrong = sorted({
+        owners[j] for j, (old, new) in enumerate(zip(manifest.buffers, again, strict=True))
+        if old.kind == "ndarray" and (new.kind != old.kind or json.loads(json.dumps(new.meta)) != old.meta)
+    })
+    if wrong:
+        raise IntegrityError(
+            "the restored arrays of " + ", ".join(repr(n) for n in wrong) + f" (capsule {manifest.id}) "
+            "have another dtype, byte order or shape than the captured ones; the restore was refused"
         )

@@ -15,24 +15,18 @@ they need here is only what makes a restore compare equal to its capture:
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
+from sojourn.capsule.reducers import numpy_order
 from sojourn.capsule.registry import register
 
 
 def _shared_dtype(type_str: str) -> Any:
-    return sys.modules["numpy"].dtype(type_str)
+    return numpy_order.shared_dtype(type_str)
 
 
 @register("numpy.dtype", subclasses=True)
 def _dtype_reduce(obj: Any, pickler: Any) -> Any:
-    np = sys.modules["numpy"]
-    pickler.note_module("numpy")
-    try:
-        shared = np.dtype(obj.str) is obj
-    except TypeError:
-        shared = False
-    if not shared:
-        return NotImplemented  # structured, datetime, byte-swapped...: numpy's own pickling
-    return (_shared_dtype, (obj.str,))
+    # Structured, datetime, explicitly ordered...: numpy's own pickling, with the byte
+    # order written as a little-endian machine writes it (numpy_order).
+    return numpy_order.reduce_dtype(obj, pickler, _shared_dtype)

@@ -24,7 +24,10 @@ def capture_process_state() -> dict[str, Any]:
         state["numpy"] = np.random.get_state(legacy=False)
     torch = sys.modules.get("torch")
     if torch is not None:
+        # torch's generator states are its C structs' bytes, in this machine's byte order.
         state["torch"] = torch.get_rng_state().numpy().tobytes()
+        if sys.byteorder != "little":
+            state["torch_byteorder"] = sys.byteorder
         try:
             if torch.cuda.is_available() and torch.cuda.is_initialized():
                 state["torch_cuda"] = [s.numpy().tobytes() for s in torch.cuda.get_rng_state_all()]
@@ -41,6 +44,14 @@ def apply_process_state(state: dict[str, Any]) -> None:
 
         np.random.set_state(state["numpy"])
     if "torch" in state:
+        if state.get("torch_byteorder", "little") != sys.byteorder:
+            from sojourn.errors import RestoreError
+
+            raise RestoreError(
+                f"torch's random state was written on a {state.get('torch_byteorder', 'little')}-endian "
+                f"machine and this one is {sys.byteorder}-endian: sojourn cannot carry it across byte "
+                "orders. Restore on a machine of the writer's byte order."
+            )
         import torch
 
         torch.set_rng_state(torch.frombuffer(bytearray(state["torch"]), dtype=torch.uint8))

@@ -273,6 +273,10 @@ def _handle_reduce(h: _StorageHandle, pickler: Any) -> Any:
         return (_storage_from_numpy, (root, offset, h.nbytes))
     if h.nbytes == 0 or h.storage.device.type == "meta":
         return (_make_storage, (h.nbytes, h.slot))  # nothing to carry but the size
+    if sys.byteorder != "little":
+        # Capsules are little-endian (numpy_order); a storage does not know its element size.
+        return pickler.problem(h.storage, "torch tensors cannot be written to a capsule on a big-endian "
+                               "machine yet (sojourn does not swap torch storages); use numpy arrays there")
     host = h.storage if h.on_host else h.storage.cpu()
     buf = pickler.out_of_band(_byte_array(host), "torch-storage", {"nbytes": h.nbytes})
     return (_make_storage, (buf, h.slot))
