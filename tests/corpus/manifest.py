@@ -45,7 +45,6 @@ FINDINGS: dict[str, str] = {
     "C2": r"RecursionError: maximum recursion depth exceeded",
     "C3": r"the session was killed by SIGTERM",
     "C5/C7": r"fingerprint mismatch after restore for '<process>'",
-    "C6": r"fingerprint mismatch after restore for '(search_cv|grid_search|cv_results\w*)'",
 }
 
 PYPERF = "pyperformance-1.14.0"
