@@ -8,7 +8,9 @@ from sojourn.capsule.reducers import (  # noqa: F401
     numpy_masked,
     pandas,
     pandas_internals,
+    pandas_io,
     rng,
     stdlib,
+    stdlib_objects,
     torch,
 )
