@@ -111,7 +111,7 @@ def _function(g: types.GeneratorType) -> Any:
         return None
     module = frame.f_globals.get("__name__")
     qualname = g.gi_code.co_qualname
-    if (module, qualname) not in KNOWN:
+    if not isinstance(module, str) or (module, qualname) not in KNOWN:
         return None
     obj: Any = sys.modules.get(module)
     for part in qualname.split("."):
