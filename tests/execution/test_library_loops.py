@@ -120,3 +120,26 @@ def test_csv_readers_on_open_files_and_a_refused_hash(runner: Runner) -> None:
     # The hash is named by the program's own variable, with advice that works.
     assert re.search(r"- digest \(_hashlib\.HASH\): .*take its digest before the pause", err), err
     assert "_sj_" not in err and "<ref" not in err
+
+
+def test_a_refused_library_loop_is_named_in_the_programs_words(runner: Runner) -> None:
+    # os.walk is a library generator sojourn does not know to be pure (it reads the disk):
+    # refused, and the refusal names the loop as written, in the function it runs in.
+    for d in ("tree/a", "tree/b", "tree/c"):
+        (runner.dir / d).mkdir(parents=True)
+    script = runner.write("walk.py", """
+        import os
+        def count(top):
+            n = 0
+            for root, dirs, files in os.walk(top):
+                kill_here(f"walk{n}")
+                n += 1
+            return n
+        print(count("tree"), flush=True)
+    """)
+    chain = runner.chain(script, kills="walk1")
+    runner.same_as_plain(script, chain)
+    err = chain.segments[-1].stderr
+    assert "pause refused" in err
+    assert "- the loop `for root, dirs, files in os.walk(top)` (walk.py:" in err, err
+    assert "_sj_" not in err and "<ref" not in err and "<process>" not in err

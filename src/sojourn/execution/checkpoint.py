@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from sojourn.errors import Problem
 from sojourn.execution import position
 from sojourn.execution.autograd import direct_live, live_graphs, released_bindings
+from sojourn.execution.names import path_names
 from sojourn.execution.position import Deferred, Position, Refused
 from sojourn.execution.reducers import frame_entry, set_capture
 from sojourn.execution.runtime import Runtime
@@ -161,7 +162,7 @@ def write_capsule(rt: Runtime, pos: Position, config: PauseConfig, req: _Request
                 # failed thread start would lose the capsule; two keep a disk busy enough.
                 repo.chunks.workers = min(repo.chunks.workers, 2)
             m = capture_namespace(rt.main.namespace, repo, files=config.files, parent=config.parent,
-                                  labels=labels, extra=extra)
+                                  labels=labels, extra=extra, paths=path_names(rt, pos))
     finally:
         set_capture(None)
         for scope, name, value in originals:
@@ -174,9 +175,13 @@ def scan_state(rt: Runtime, pos: Position) -> list[Problem]:
     """What a pause here would refuse, without writing anything (the periodic early warning)."""
     from sojourn.capsule.scan import scan
 
-    ns = _roots(rt, pos)
+    assert rt.main is not None
+    first, label = path_names(rt, pos)
+    # Everything a capture pickles (the frames' locals and the other modules' globals are
+    # in its process segment), each under a name in the program's words.
+    ns = {**{k: v for k, v in rt.main.namespace.items() if isinstance(k, str) and not _skipped(k)}, **first}
     set_capture(pos)
     try:
-        return scan(ns)
+        return scan(ns, label=label)
     finally:
         set_capture(None)
