@@ -143,3 +143,28 @@ def test_a_refused_library_loop_is_named_in_the_programs_words(runner: Runner) -
     assert "pause refused" in err
     assert "- the loop `for root, dirs, files in os.walk(top)` (walk.py:" in err, err
     assert "_sj_" not in err and "<ref" not in err and "<process>" not in err
+
+
+def test_a_write_check_failure_names_the_frame_local(runner: Runner) -> None:
+    script = runner.write("lossy.py", """
+        class Lossy:
+            def __init__(self):
+                self.kept = 1
+                self.dropped = [1, 2]
+            def __setstate__(self, state):
+                self.kept = state["kept"]
+        def work():
+            box = {"thing": Lossy()}
+            for i in range(3):
+                kill_here(i)
+                print(i, flush=True)
+        work()
+    """)
+    import sys
+
+    first = runner.segment(sys.executable, ["run", str(script)], {"KILLS": "1"})
+    assert first.returncode == EXIT_PAUSED and first.capsule, first.stderr
+    check = runner.segment(sys.executable, ["check", first.capsule])
+    assert '"ok": false' in check.stdout
+    assert "the frame it called, its local 'box'['thing'].dropped" in check.stdout, check.stdout
+    assert "'<process>'" not in check.stdout
