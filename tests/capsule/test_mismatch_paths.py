@@ -25,4 +25,4 @@ def test_a_mismatch_names_the_attribute_that_came_back_different(tmp_path: Path,
     """, repo, cwd=tmp_path)
     report = sojourn.verify(cap.stdout.split()[-1], repo)
     assert not report.ok
-    assert "fingerprint mismatch after restore for \"holder['inner'][0].dropped\"" in str(report.error), report.error
+    assert "fingerprint mismatch after restore for 'holder' at holder['inner'][0].dropped" in str(report.error), report.error

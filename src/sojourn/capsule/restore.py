@@ -370,7 +370,7 @@ def check_fingerprints(
 def _place(name: str, path: str) -> str:
     """A variable and the path inside it where the restored value differs, in words."""
     if name != fmt.PROCESS_SEGMENT:
-        return repr(name + path)
+        return repr(name) + (f" at {name}{path}" if path else "")
     # The process segment holds the RNG states and what capture(extra=) added: a paused
     # program's frames (their locals) and its other modules' globals (sojourn.execution).
     frames = "['sojourn.execution']['main']"
