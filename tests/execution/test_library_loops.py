@@ -168,3 +168,27 @@ def test_a_write_check_failure_names_the_frame_local(runner: Runner) -> None:
     assert '"ok": false' in check.stdout
     assert "the frame it called, its local 'box'['thing'].dropped" in check.stdout, check.stdout
     assert "'<process>'" not in check.stdout
+
+
+def test_the_periodic_scan_warns_of_what_the_write_check_would_refuse(runner: Runner) -> None:
+    import sys
+
+    script = runner.write("later.py", """
+        import time
+        class Lossy:
+            def __init__(self):
+                self.kept = 1
+                self.dropped = [1, 2]
+            def __setstate__(self, state):
+                self.kept = state["kept"]
+        def work():
+            box = {"thing": Lossy()}
+            for i in range(40):
+                time.sleep(0.02)
+            print("done", flush=True)
+        work()
+    """)
+    seg = runner.segment(sys.executable, ["run", str(script)], opts=("--scan-interval", "0.2"))
+    assert seg.returncode == 0 and seg.stdout == "done\n", seg.stderr
+    assert "warning: a pause now would be refused" in seg.stderr, seg.stderr
+    assert "in work>.box['thing'].dropped" in seg.stderr and "write check would refuse" in seg.stderr, seg.stderr

@@ -147,9 +147,10 @@ def problems_with_paths(roots: dict[str, Any], raw: list[tuple[Any, str]], *, fi
 
 
 def scan(namespace: dict[str, Any], *, first: dict[str, Any] | None = None,
-         label: Callable[[str], str] | None = None) -> list[Problem]:
-    """Every object in ``namespace`` that cannot travel; writes nothing. (``first`` and
-    ``label``: see :func:`find_paths`.)"""
+         label: Callable[[str], str] | None = None, rehearse: bool = True) -> list[Problem]:
+    """Every object in ``namespace`` that cannot travel, and (``rehearse``) every variable a
+    capsule's write check would refuse because it comes back different; writes nothing.
+    (``first`` and ``label``: see :func:`find_paths`.)"""
     from sojourn.capsule import reducers  # noqa: F401
     from sojourn.capsule.capture import skipped
 
@@ -159,7 +160,25 @@ def scan(namespace: dict[str, Any], *, first: dict[str, Any] | None = None,
     for name, value in roots.items():
         ctx.current_root = name
         pickler.dump(value)
-    return problems_with_paths(roots, ctx.problems, first=first, label=label, found_in=ctx.problem_roots)
+    problems = problems_with_paths(roots, ctx.problems, first=first, label=label, found_in=ctx.problem_roots)
+    if rehearse and not problems:
+        from sojourn.capsule import probe
+
+        problems = differences(roots, probe.rehearse(roots), label)
+    return problems
+
+
+def differences(roots: dict[str, Any], found: list[tuple[str, str]] | None,
+                label: Callable[[str], str] | None = None) -> list[Problem]:
+    """The rehearsed write check's findings (:mod:`sojourn.capsule.probe`) as problems."""
+    out = []
+    for name, where in found or ():
+        shown = label(name) if label is not None and internal(name) else name
+        out.append(Problem(shown + where, type_name(type(roots[name])), (
+            "it comes back different from a capsule (its own pickling does not rebuild it as "
+            "it was), so the capsule's write check would refuse it; keep what it is made of in "
+            "plain values (or del it) before the pause, and report the type: it needs a reducer")))
+    return out
 
 
 class _NullSink(io.RawIOBase):
