@@ -1,5 +1,5 @@
 """Loops over library iterators (a module's parameters and submodules, pandas groupby,
-iterrows, chunked readers, csv.reader on an open file): a pause inside lands, the
+iterrows, itertuples, chunked readers, csv.reader on an open file): a pause inside lands, the
 capsule passes its write check in a fresh interpreter, and the resumed program prints what
 a run that never paused prints. A hash object held across a loop is refused by name, with
 advice that works."""
@@ -77,6 +77,12 @@ def test_pandas_groupby_rows_and_chunked_readers(runner: Runner) -> None:
             df.loc[i, "w"] = row["w"] * 2        # the common pattern: write the row just read
             print("row", i, row["k"], row["v"], flush=True)
         print(df["w"].tolist(), flush=True)
+        for row in df.itertuples(name=None):     # zips iterators over the index and columns
+            kill_here(f"tuple{row[0]}")
+            print("tuple", row, flush=True)
+        for label, value in df["k"].items():
+            kill_here(f"item{label}")
+            print("item", label, value, flush=True)
         for n, chunk in enumerate(pd.read_csv("rows.csv", chunksize=3)):
             kill_here(f"csv{n}")
             print("csv", n, chunk["b"].tolist(), flush=True)
@@ -85,9 +91,9 @@ def test_pandas_groupby_rows_and_chunked_readers(runner: Runner) -> None:
             kill_here(f"json{n}")
             print("json", n, chunk["b"].tolist(), flush=True)
     """)
-    chain = runner.chain(script, kills="groupb,row2,csv1,json1")
+    chain = runner.chain(script, kills="groupb,row2,tuple3,item1,csv1,json1")
     runner.same_as_plain(script, chain)
-    assert [s.returncode for s in chain.segments] == [EXIT_PAUSED] * 4 + [0], chain.describe()
+    assert [s.returncode for s in chain.segments] == [EXIT_PAUSED] * 6 + [0], chain.describe()
     _checked(runner, chain.capsules)
 
 

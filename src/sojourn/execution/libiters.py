@@ -101,6 +101,83 @@ def materialize() -> None:
             it.rebuild()
 
 
+# -- library generators held anywhere (not only by a loop): rebuilt from their frame ---------------
+#
+# A few generators' whole state is in their frame's locals: ``RangeIndex.__iter__`` is
+# ``yield from self._range`` (the range iterator travels), ``ExtensionArray.__iter__`` is
+# ``for i in range(len(self)): yield self[i]`` (the next index is ``i + 1``). pandas'
+# ``itertuples()`` zips such iterators over the index and the columns. They travel as a
+# generator of sojourn's that does the same from where they stood; a known pure generator
+# that has not started travels as its call.
+
+
+def _yield_from(it: Any) -> Iterator[Any]:
+    yield from it
+
+
+def _items_from(arr: Any, start: int) -> Iterator[Any]:
+    for i in range(start, len(arr)):
+        yield arr[i]
+
+
+def _called(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return fn(*args, **kwargs)
+
+
+def _frame_of(g: types.GeneratorType) -> dict[str, Any]:
+    return g.gi_frame.f_locals if g.gi_frame is not None else {}
+
+
+def _rebuild_yield_from(g: types.GeneratorType, attr: str | None) -> tuple[Any, ...] | None:
+    inner = g.gi_yieldfrom
+    if inner is None:
+        if inspect.getgeneratorstate(g) != inspect.GEN_CREATED:
+            return None
+        loc = _frame_of(g)
+        inner = getattr(loc["self"], attr) if attr else loc["it"]
+        inner = iter(inner)
+    return (_yield_from, (inner,))
+
+
+def _rebuild_items(g: types.GeneratorType, own: bool) -> tuple[Any, ...] | None:
+    loc = _frame_of(g)
+    arr = loc.get("arr" if own else "self")
+    if inspect.getgeneratorstate(g) == inspect.GEN_CREATED:
+        start = loc["start"] if own else 0
+    elif "i" in loc:
+        start = loc["i"] + 1
+    else:
+        return None
+    return (_items_from, (arr, start))
+
+
+_REBUILD: dict[tuple[str, str], Any] = {
+    ("pandas.core.indexes.range", "RangeIndex.__iter__"): lambda g: _rebuild_yield_from(g, "_range"),
+    ("pandas.core.arrays.base", "ExtensionArray.__iter__"): lambda g: _rebuild_items(g, False),
+    (__name__, "_yield_from"): lambda g: _rebuild_yield_from(g, None),
+    (__name__, "_items_from"): lambda g: _rebuild_items(g, True),
+}
+
+
+def reduce_generator(g: types.GeneratorType) -> tuple[Any, ...] | None:
+    """How a library generator travels, when sojourn knows; None: it cannot."""
+    frame = g.gi_frame
+    if frame is None:
+        return None
+    module = frame.f_globals.get("__name__")
+    if not isinstance(module, str):
+        return None
+    key = (module, g.gi_code.co_qualname)
+    rebuild = _REBUILD.get(key)
+    if rebuild is not None:
+        return rebuild(g)  # type: ignore[no-any-return]
+    if key in KNOWN and inspect.getgeneratorstate(g) == inspect.GEN_CREATED:
+        fn = _function(g)
+        if fn is not None:
+            return (_called, _call_of(g, fn))
+    return None
+
+
 # -- the hooks ----------------------------------------------------------------------------------
 
 
