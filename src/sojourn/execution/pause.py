@@ -329,8 +329,11 @@ class PauseController:
             return
         # What the write check would refuse: rehearsed in a forked child while the program
         # runs on; a thread waits for its answer.
+        if getattr(self, "_rehearsing", False):
+            return  # one child at a time: a short scan interval must not pile them up
         wait = cap.rehearse_state(self.rt, pos)
         if wait is not None:
+            self._rehearsing = True
             threading.Thread(target=self._rehearsed, args=(wait,), name="sojourn-rehearse", daemon=True).start()
 
     def _rehearsed(self, wait: Any) -> None:
@@ -339,6 +342,8 @@ class PauseController:
         except Exception as e:
             self._log(f"the rehearsal of the write check failed: {type(e).__name__}: {e}")
             return
+        finally:
+            self._rehearsing = False
         if problems:
             self._warn_scan(problems)
 
