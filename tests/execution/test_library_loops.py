@@ -45,6 +45,11 @@ def test_torch_module_iterators_and_the_lr_scheduler_wrapper(runner: Runner) -> 
             print("named", name, round(p.sum().item(), 6), flush=True)
         for child in model.children():
             print("child", type(child).__name__, flush=True)
+        params = model.parameters()              # the generator held by the program too
+        for i, p in enumerate(params):
+            kill_here(f"held{i}")
+            print("held", i, tuple(p.shape), flush=True)
+        print("rest", list(params), flush=True)
         for epoch in range(2):
             opt.zero_grad()
             loss = model(x).pow(2).mean()
@@ -54,9 +59,9 @@ def test_torch_module_iterators_and_the_lr_scheduler_wrapper(runner: Runner) -> 
             sched.step()
             print("epoch", epoch, round(loss.item(), 6), sched.get_last_lr(), flush=True)
     """)
-    chain = runner.chain(script, kills="param1,mod1,named2,between0")
+    chain = runner.chain(script, kills="param1,mod1,named2,held2,between0")
     runner.same_as_plain(script, chain)
-    assert [s.returncode for s in chain.segments] == [EXIT_PAUSED] * 4 + [0], chain.describe()
+    assert [s.returncode for s in chain.segments] == [EXIT_PAUSED] * 5 + [0], chain.describe()
     assert "has been overridden" not in chain.stderr and "before `optimizer.step()`" not in chain.stderr
     _checked(runner, chain.capsules)
 

@@ -44,6 +44,9 @@ KNOWN: set[tuple[str, str]] = {
 GROUPBY = "pandas.core.groupby.groupby.BaseGroupBy"
 
 _PENDING: weakref.WeakSet[LibIter] = weakref.WeakSet()
+# A library generator a LibIter wraps -> that LibIter: the program may hold the generator
+# itself too (``params = model.parameters()``, then ``for p in params``).
+_WRAPPED: weakref.WeakKeyDictionary[Any, LibIter] = weakref.WeakKeyDictionary()
 
 
 class LibIter:
@@ -76,10 +79,20 @@ class LibIter:
             next(itertools.islice(it, self._count, self._count), None)
         self._it = it
         _PENDING.discard(self)
+        _wrap(it, self)
         return it
 
     def __length_hint__(self) -> int:
         return 0 if self._it is None else int(getattr(self._it, "__length_hint__", lambda: 0)())
+
+
+def _wrap(it: Any, wrapper: LibIter) -> None:
+    if isinstance(it, types.GeneratorType):
+        _WRAPPED[it] = wrapper
+
+
+def _inner(wrapper: LibIter) -> Any:
+    return wrapper._it if wrapper._it is not None else wrapper.rebuild()
 
 
 def _rebuilt(call: tuple[Any, tuple[Any, ...], dict[str, Any]], count: int) -> LibIter:
@@ -161,6 +174,9 @@ _REBUILD: dict[tuple[str, str], Any] = {
 
 def reduce_generator(g: types.GeneratorType) -> tuple[Any, ...] | None:
     """How a library generator travels, when sojourn knows; None: it cannot."""
+    wrapper = _WRAPPED.get(g)
+    if wrapper is not None:
+        return (_inner, (wrapper,))  # what a loop's LibIter iterates: that LibIter's, rebuilt
     frame = g.gi_frame
     if frame is None:
         return None
@@ -217,7 +233,9 @@ def _generator_hook(g: Any) -> Iterator[Any]:
     if inspect.getgeneratorstate(g) == inspect.GEN_CREATED:
         fn = _function(g)
         if fn is not None:
-            return LibIter(g, _call_of(g, fn))
+            it = LibIter(g, _call_of(g, fn))
+            _wrap(g, it)
+            return it
     return g  # type: ignore[no-any-return]
 
 
