@@ -5,7 +5,10 @@ own pickling drops part of its state, or rebuilds a shared part twice, comes bac
 (the fingerprints differ). :func:`rehearse` predicts that without writing a capsule: in a
 forked child (the program's memory, copy-on-write; nothing the child does reaches the
 program) it pickles the namespace, unpickles it, pickles the result again and compares the
-two streams as the restore does, and names the place inside each variable that differs.
+two streams as the restore does, and names the place inside each variable that differs. The
+child's output goes to /dev/null and it reopens the program's files for reading only, so
+what it rebuilds (a tqdm bar draws itself) reaches neither the terminal nor those files; the
+scan before it has flushed the program's file buffers, so the child has nothing to write.
 
 Array buffers are handed back zero-copy (the restored arrays are the child's copy-on-write
 view of the program's memory, so nothing is copied unless written); other buffers (torch
@@ -80,6 +83,11 @@ def start(roots: dict[str, Any], workspace: Path | None = None) -> Rehearsal | N
         os.close(r)
         for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
             signal.signal(sig, signal.SIG_DFL)
+        # What objects rebuilt here draw or print (a tqdm bar) must not reach the program's
+        # terminal or logs.
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 1)
+        os.dup2(null, 2)
         try:
             found = _in_child(roots, workspace or Path.cwd())
             data = json.dumps({"found": found}).encode()
@@ -123,7 +131,7 @@ def _in_child(roots: dict[str, Any], workspace: Path) -> list[tuple[str, str]] |
     stream = sink.getvalue()
     restored: dict[str, Any] = {}
     rctx = RestoreContext(namespace=restored, files_to=workspace, restored_buffers=tokens,
-                          devices=list(ctx.devices), user_modules=ctx.user_modules)
+                          devices=list(ctx.devices), user_modules=ctx.user_modules, rehearsal=True)
     with restoring(rctx):
         unpickler = byteorder.unpickler(io.BytesIO(stream), iter(objects))
         for name in names:
