@@ -129,7 +129,7 @@ def test_csv_readers_on_open_files_and_a_refused_hash(runner: Runner) -> None:
     err = chain.segments[-1].stderr
     assert "pause refused" in err
     # The hash is named by the program's own variable, with advice that works.
-    assert re.search(r"- digest \(_hashlib\.HASH\): .*take its digest before the pause", err), err
+    assert re.search(r"- digest \(_hashlib\.HASH\): .*hash the data again after resume", err), err
     assert "_sj_" not in err and "<ref" not in err
 
 

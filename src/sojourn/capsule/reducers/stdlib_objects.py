@@ -61,5 +61,5 @@ def _hash_reduce(obj: Any, pickler: Any) -> Any:
     name = getattr(obj, "name", type(obj).__name__)
     return pickler.problem(obj, (
         f"a {name} hash object's running state lives inside the hash library (OpenSSL), which "
-        "gives no way to read it out or set it again; take its digest before the pause, or "
-        "create it after the resume and feed it the data again"))
+        "gives no way to read it out or set it again; keep its digest() before the pause, or "
+        "hash the data again after resume"))
