@@ -58,6 +58,11 @@ def _csv_reader_reduce(obj: Any, pickler: Any) -> Any:
           "_sha3.sha3_224", "_sha3.sha3_256", "_sha3.sha3_384", "_sha3.sha3_512", "_sha3.shake_128",
           "_sha3.shake_256")
 def _hash_reduce(obj: Any, pickler: Any) -> Any:
+    from sojourn.capsule.pickler import _refusal
+
+    said = _refusal(obj)  # the pickler's own list of what never travels, where it names the type
+    if said is not None:
+        return pickler.problem(obj, said)
     name = getattr(obj, "name", type(obj).__name__)
     return pickler.problem(obj, (
         f"a {name} hash object's running state lives inside the hash library (OpenSSL), which "
