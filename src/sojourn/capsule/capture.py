@@ -52,6 +52,11 @@ SKIPPED_NAMES = frozenset(
 EARLY_WRITE_BYTES = 16 << 20
 
 
+# Names for the paths of problems: roots searched first (in the program's words) and a
+# label for internal root names (see sojourn.capsule.scan.find_paths).
+PathNames = tuple[dict[str, Any] | None, Callable[[str], str] | None]
+
+
 def skipped(name: str) -> bool:
     return name in SKIPPED_NAMES or name.startswith("__sojourn") or (
         name.startswith("_i") and name[2:].isdigit()
@@ -78,9 +83,11 @@ def pickle_namespace(
     workspace: Path | None = None,
     extra: dict[str, Any] | None = None,
     on_variable: Callable[[list[BufferOut], bool], None] | None = None,
+    paths: PathNames | None = None,
 ) -> Pickled:
     """Pickle ``namespace``; ``on_variable(buffers, clean)`` sees each variable's buffers as
-    soon as it is pickled (``clean``: no problem found so far)."""
+    soon as it is pickled (``clean``: no problem found so far). ``paths``: how problems are
+    named (``scan.find_paths``' ``first`` and ``label``)."""
     ctx = CaptureContext(workspace=workspace, namespace=namespace)
     sink = io.BytesIO()
     pickler = CapsulePickler(sink, ctx)
@@ -93,6 +100,7 @@ def pickle_namespace(
     values.append((fmt.PROCESS_SEGMENT, {**capture_process_state(), **(extra or {})}))
     for name, value in values:
         start, b0 = sink.tell(), len(pickler.buffers)
+        ctx.current_root = name
         pickler.dump(value)
         segments.append((start, sink.tell()))
         ranges.append((b0, len(pickler.buffers)))
@@ -101,7 +109,8 @@ def pickle_namespace(
         if on_variable is not None:
             on_variable(pickler.buffers[b0:], not ctx.problems)
     if ctx.problems:
-        problems = problems_with_paths(roots, ctx.problems)
+        first, label = paths if paths is not None else (None, None)
+        problems = problems_with_paths(roots, ctx.problems, first=first, label=label, found_in=ctx.problem_roots)
         raise CaptureError(_problems_message(problems), problems)
     return Pickled(
         sink.getvalue(), [n for n, _ in values], types_, segments, ranges, pickler.buffers, ctx,
@@ -149,6 +158,7 @@ def capture_namespace(
     labels: dict[str, Any] | None = None,
     extra: dict[str, Any] | None = None,
     include_secrets: bool | Iterable[str] | None = None,
+    paths: PathNames | None = None,
 ) -> fmt.Manifest:
     t0 = time.perf_counter()
     workspace = Path(files).absolute() if files is not None else Path.cwd()
@@ -167,7 +177,7 @@ def capture_namespace(
             waiting.clear()
 
     try:
-        pickled = pickle_namespace(namespace, workspace=workspace, extra=extra, on_variable=write_early)
+        pickled = pickle_namespace(namespace, workspace=workspace, extra=extra, on_variable=write_early, paths=paths)
     except CaptureError as e:
         _wait_quietly(pending)
         raise CaptureError(_problems_message(e.problems, stats), e.problems) from None

@@ -497,6 +497,11 @@ def _generator_reduce(g: types.GeneratorType, pickler: Any) -> Any:
         return (_make_closed_generator, ())
     info = RUNTIME.scope_of(g.gi_code)
     if info is None:
+        from sojourn.execution.libiters import reduce_generator
+
+        rebuilt = reduce_generator(g)
+        if rebuilt is not None:
+            return rebuilt
         what = "a generator expression" if g.gi_code.co_name == "<genexpr>" else f"generator {g.gi_code.co_qualname}"
         return pickler.problem(g, f"{what} is not a generator function of the program, so it cannot be "
                                   "resumed; use a list, or a generator function defined in the program")

@@ -5,8 +5,12 @@ from sojourn.capsule.reducers import (  # noqa: F401
     files,
     iterators,
     numpy,
+    numpy_masked,
     pandas,
+    pandas_internals,
+    pandas_io,
     rng,
     stdlib,
+    stdlib_objects,
     torch,
 )
