@@ -71,6 +71,15 @@ def test_failed_moves_leave_the_kernel_where_it_was(jupyter) -> None:
         out, err, _ = k.run("%sojourn move --to /bin/false")  # the destination dies at start
         assert "failed; this kernel stays where it was" in err and "exited at start" in err, err
         assert k.pid == pid
+        # A capture slower than the destination's death (what a loaded machine does to any
+        # capture): the provisioner has answered "failed" and closed the channel before the
+        # source sends its capsule. The reason must still reach the cell, not a broken pipe.
+        k.out("import time\nclass Slow:\n    def __reduce__(self):\n        time.sleep(1.0)\n"
+              "        return (Slow, ())\nslow = Slow()")
+        out, err, _ = k.run("%sojourn move --to /bin/false")
+        assert "failed; this kernel stays where it was" in err and "exited at start" in err, err
+        assert k.pid == pid
+        k.out("del slow, Slow")
         assert k.out("print(values, random.random())") == f"[1, 2, 3] {__import__('random').Random(3).random()}"
         out, err, _ = k.run("%sojourn move --to local")
         assert "moved to local" in out and k.pid != pid

@@ -218,7 +218,9 @@ class SojournProvisioner(LocalProvisioner):  # type: ignore[misc]
     # -- the control channel ---------------------------------------------------------------------
 
     def _serve(self, ch: control.Channel) -> None:
-        msg = ch.recv(timeout=30)
+        # No time limit: a suspending kernel connects before its capture and verify (which take
+        # as long as the state is large) and speaks after them; a peer that dies closes the socket.
+        msg = ch.recv(timeout=None)
         op = msg.get("op")
         if op == "move":  # a kernel moves: the destination restores the capsule the source sends next
             self._relocate(ch, msg, plan=None, stand_in=False)
