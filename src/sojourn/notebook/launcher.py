@@ -49,11 +49,20 @@ def _restore(plan: dict[str, Any], prefetch: Any = None) -> tuple[dict[str, Any]
     ns: dict[str, Any] = {}
     with open_repository(plan["repo"]) as r:
         restored = restore_capsule(r, plan["capsule"], into=ns, reuse=reuse)
+    prime_generators()
     st = IPythonState.from_process(restored.process)
     parts = ", ".join(f"{k} {v:.2f}" for k, v in restored.timings.items() if k != "total")
     if prefetch is not None:
         parts += f"; {prefetch.summary()}"
     return ns, st, list(restored.notes), time.perf_counter() - t0, parts
+
+
+def prime_generators() -> None:
+    """Run the generators a restore rebuilt (cells' generator functions) up to where they
+    stood, once the whole capsule is loaded, as a resumed script does."""
+    reducers = sys.modules.get("sojourn.execution.reducers")
+    if reducers is not None:
+        reducers.prime_rebuilt()
 
 
 def _wait_as_standby(fd: int) -> dict[str, Any]:
