@@ -108,14 +108,37 @@ def _standby_note(standby: dict[str, Any], timeline: list[tuple[str, float]]) ->
             f"{', '.join(standby['preloaded']) or 'ipykernel only'}); timeline from the launch: {steps}")
 
 
+def _inline_backend_default() -> None:
+    """The matplotlib backend ipykernel gives every kernel, set before a restore can import
+    matplotlib: matplotlib reads $MPLBACKEND when it is imported, and ipykernel sets it only
+    in ``initialize``, after the restore. (The same rule as ipykernel's: a value set wins.)"""
+    if not os.environ.get("MPLBACKEND"):
+        os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
+
+
+def _inline_figures() -> None:
+    """What importing the inline backend does in a kernel (figures shown as images after a
+    cell, ``Out`` holding a figure displays it), when a restore imported it before the shell
+    existed. Nothing when it was not imported: it does this itself when it is, later."""
+    mod = sys.modules.get("matplotlib_inline.backend_inline")
+    enable = getattr(mod, "_enable_matplotlib_integration", None)
+    if enable is not None:
+        try:
+            enable()
+        except Exception as e:
+            print(f"sojourn: matplotlib's inline figures could not be turned on again: {e}", file=sys.__stderr__)
+
+
 def main() -> None:
     from sojourn.notebook import control
 
     # Before any import; a standby's limit is its launch's too (the memory limit is part of
     # the pool's key, standby.py).
     _limit_memory()
+    _inline_backend_default()
     fd = os.environ.pop("SOJOURN_STANDBY_FD", None)
     standby = _wait_as_standby(int(fd)) if fd else None
+    _inline_backend_default()  # a claimed standby has its launch's environment now
     token = os.environ.pop("SOJOURN_HANDOFF", None)
     resume = os.environ.pop("SOJOURN_RESUME", None)
     plan: dict[str, Any] | None = None
@@ -230,6 +253,7 @@ def _start_kernel(ns: dict[str, Any] | None, st: Any, plan: dict[str, Any] | Non
     # sojourn lifts hidden names out of a capture: the restored variables are the user's.
     for name in restored_names:
         shell.user_ns_hidden.pop(name, None)
+    _inline_figures()
     notes = list(info["notes"])
     if st is not None:
         notes += apply_ipython_state(shell, st)
