@@ -1,21 +1,25 @@
 """matplotlib figures travel exactly, and pyplot's figures come back under their numbers.
 
 matplotlib pickles figures itself (``Figure.__getstate__`` drops the canvas; ``__setstate__``
-makes a new one). Three things keep that from being exact enough for a capsule:
+makes a new one), but a restored figure did not pickle as the captured one did, so the
+fingerprint check refused it. What differed, and what is done here:
 
 * ``CallbackRegistry.__getstate__`` (every artist, axis and figure has one) writes its keys
   in the order of the instance's ``__dict__``, which its ``__setstate__`` changes (``_cid_gen``
-  comes last), so a restored figure pickles differently from the captured one and the
-  fingerprint check refuses it; it also takes an id from the registry's counter at each
-  pickling. Here the state is written in a fixed order and the counter is only read.
-* ``Figure.__setstate__`` registers a figure that pyplot managed under the next free
-  number, not its own, makes it the current one, and marks it stale (``Axes.__setstate__`` too). Here an artist's
-  state says nothing of pyplot (``_restore_to_pylab`` depends on the capturing process, not on
-  the figure) and keeps its ``stale`` flag; pyplot's figures travel once, in the capsule's
-  process segment: ``[(number, figure), ...]`` in pyplot's order, the current one last
-  (:func:`pyplot_state`). The restore registers each under its number and in that order
-  (:func:`apply_pyplot_state`), so ``plt.gcf()``, ``plt.figure(2)`` and ``plt.get_fignums()``
-  are what they were, also for figures that no variable holds.
+  comes last); it also takes an id from the registry's counter at each pickling. Here the
+  state is written in a fixed order and the counter is only read.
+* ``Figure.__setstate__`` and ``Axes.__setstate__`` mark the artist stale, which one drawn
+  before the capture (every figure the inline backend showed) was not: the flag is put back.
+* ``Figure.__setstate__`` sets its dpi transform again, which marks every transform built on
+  it invalid; with the dpi it had, only those flags change, so it works on a stand-in.
+* ``Figure.__setstate__`` registers a figure that pyplot managed under the next free number,
+  not its own, and makes it the current one. Here an artist's state says nothing of pyplot
+  (``_restore_to_pylab`` depends on the capturing process, not on the figure); pyplot's
+  figures travel once, in the capsule's process segment: ``[(number, figure), ...]`` in
+  pyplot's order, the current one last (:func:`pyplot_state`). The restore registers each
+  under its number and in that order (:func:`apply_pyplot_state`), so ``plt.gcf()``,
+  ``plt.figure(2)`` and ``plt.get_fignums()`` are what they were, also for figures that no
+  variable holds.
 
 matplotlib is imported only when a figure is pickled or restored, and pyplot's state is
 read only when the program imported pyplot.
@@ -63,6 +67,9 @@ def _artist_reduce(artist: Any, pickler: Any) -> Any:
     if t.__reduce_ex__ is not object.__reduce_ex__ or t.__reduce__ is not object.__reduce__:
         return NotImplemented  # an artist that says itself how it pickles
     state = artist.__getstate__()
+    if not isinstance(state, dict):
+        return NotImplemented
+    state = dict(state)
     state.pop("_restore_to_pylab", None)  # a figure's: pyplot's figures travel in the process segment
     return (_new, (t,), state, None, None, _artist_setstate)
 
