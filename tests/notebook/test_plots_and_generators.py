@@ -47,6 +47,7 @@ def pipeline(source):
 '''
 
 
+@pytest.mark.slow
 def test_generators_defined_in_cells_resume_from_their_source(jupyter) -> None:
     k = Kernel(jupyter)
     try:
@@ -68,6 +69,13 @@ def test_generators_defined_in_cells_resume_from_their_source(jupyter) -> None:
         out, err, _ = k.run("%sojourn move --to local")
         assert "moved to local" in out, out + err
         assert k.out("print(list(g2), list(c), list(countdown(2)))") == "[2] [] [(2, 2), (1, 3)]"
+        # %reset empties user_ns, runtime names too; the same cell run again is adopted again.
+        k.out("%reset -f")
+        k.out(GENERATORS)
+        k.out("g3 = pipeline([(1,), (2,), (3,)])\nnext(g3)")
+        out, err, _ = k.run("%sojourn move --to local")
+        assert "moved to local" in out, out + err
+        assert k.out("print(list(g3))") == "[20, 30]"
     finally:
         k.close()
 

@@ -69,10 +69,8 @@ def prepare(source: str, filename: str, tree: ast.Module, namespace: dict[str, A
         return tree
     name = PREFIX + hashlib.sha256(f"{filename}\0{source}".encode()).hexdigest()[:16]
     try:
-        tm = RUNTIME.modules.get(name) or RUNTIME.load(source, name, filename, namespace)
+        _module(name, filename, source, namespace)
     except SyntaxError:
-        return tree
-    if tm.namespace is not namespace:
         return tree
     namespace[ADOPT] = adopt
     body: list[ast.stmt] = []
@@ -85,6 +83,16 @@ def prepare(source: str, filename: str, tree: ast.Module, namespace: dict[str, A
     tree.body = body
     ast.fix_missing_locations(tree)
     return tree
+
+
+def _module(name: str, filename: str, source: str, namespace: dict[str, Any]) -> TransformedModule:
+    """The cell's module in this process, compiled once per (cell, namespace). Its runtime
+    names are put in the namespace again each time: ``%reset`` empties ``user_ns``."""
+    tm = RUNTIME.modules.get(name)
+    if tm is None or tm.source != source or tm.namespace is not namespace:
+        return RUNTIME.load(source, name, filename, namespace)
+    RUNTIME.install(tm)
+    return tm
 
 
 def adopt(fn: Any, module: str) -> None:
@@ -103,10 +111,8 @@ def load_cell(name: str, filename: str, source: str) -> TransformedModule:
     restored (the kernel's ``user_ns``)."""
     from sojourn.capsule.context import current
 
-    tm = RUNTIME.modules.get(name)
     namespace = current().namespace
-    if tm is None or tm.source != source or tm.namespace is not namespace:
-        tm = RUNTIME.load(source, name, filename, namespace)
+    tm = _module(name, filename, source, namespace)
     namespace[ADOPT] = adopt
     # Tracebacks and inspect show the cell's lines, as in the kernel it came from.
     linecache.cache.setdefault(filename, (len(source), None, source.splitlines(True), filename))
