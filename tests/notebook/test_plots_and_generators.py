@@ -55,6 +55,7 @@ def test_generators_defined_in_cells_resume_from_their_source(jupyter) -> None:
         k.out("c = countdown(5)\nfirst = [next(c), next(c)]\nfresh = countdown(2)\n"
               "p = pipeline(countdown(9, 3))\nhead = next(p)\nsame = {'c': c}")
         assert k.out("print(first, head)") == "[(5, 5), (4, 9)] 90"
+        assert "cannot travel: nothing" in k.out("%sojourn status")  # sojourn.scan agrees
         # The write check of a suspend: restored in a fresh interpreter, every fingerprint.
         assert "verified in a fresh interpreter" in k.out("%sojourn checkpoint --verify")
         pid = k.pid
