@@ -175,14 +175,18 @@ def move(ctl: Any, machine: Any) -> str:
     t0 = time.time()
     ch = control.connect()
     try:
-        ch.send({"op": "move", "machine": machine.name, "python": machine.python, "memory": machine.memory,
-                 "preload": installed_packages(),
-                 # most of the move's chunks are the last autosave's: the destination reads those now
-                 "prefetch": {"capsule": ctl.autosave.head, "repo": ctl.repo.url}
-                 if ctl.autosave.head and PREFETCH else None})
-        m, notes, capture_s = ctl.checkpoint("move")
-        ans = answer(ch, {"capsule": m.id, "repo": ctl.repo.url, "workspace": ctl.session.workspace,
-                          "moved_from": ctl.session.allocation, "machine": machine.name}, MOVE_TIMEOUT)
+        try:
+            ch.send({"op": "move", "machine": machine.name, "python": machine.python, "memory": machine.memory,
+                     "preload": installed_packages(),
+                     # most of the move's chunks are the last autosave's: the destination reads those now
+                     "prefetch": {"capsule": ctl.autosave.head, "repo": ctl.repo.url}
+                     if ctl.autosave.head and PREFETCH else None})
+        except OSError as e:  # the provisioner went away after it accepted the connection
+            ans = {"status": "failed", "error": f"the kernel provisioner did not take the request ({e})"}
+        else:
+            m, notes, capture_s = ctl.checkpoint("move")
+            ans = answer(ch, {"capsule": m.id, "repo": ctl.repo.url, "workspace": ctl.session.workspace,
+                              "moved_from": ctl.session.allocation, "machine": machine.name}, MOVE_TIMEOUT)
     except BaseException:
         ch.close()  # the provisioner takes a closed channel as "cancel" and kills the destination
         raise
