@@ -29,6 +29,7 @@ from sojourn.capsule import reducers  # noqa: F401  (registers every reducer)
 from sojourn.capsule.environment import distributions_for
 from sojourn.capsule.fingerprint import segment_fingerprint
 from sojourn.capsule.pickler import BufferOut, CapsulePickler, CaptureContext
+from sojourn.capsule.reducers.matplotlib import pyplot_state
 from sojourn.capsule.reducers.rng import capture_process_state
 from sojourn.capsule.scan import problems_with_paths
 from sojourn.errors import CaptureError, Problem
@@ -97,7 +98,7 @@ def pickle_namespace(
     types_: list[str] = []
     roots: dict[str, Any] = {}
     values = [(n, namespace[n]) for n in names]
-    values.append((fmt.PROCESS_SEGMENT, {**capture_process_state(), **(extra or {})}))
+    values.append((fmt.PROCESS_SEGMENT, {**capture_process_state(), **pyplot_state(), **(extra or {})}))
     for name, value in values:
         start, b0 = sink.tell(), len(pickler.buffers)
         ctx.current_root = name

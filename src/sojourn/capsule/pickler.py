@@ -305,7 +305,8 @@ def _refusal_uncached(obj: Any) -> str | None:
     if isinstance(obj, types.GeneratorType | types.CoroutineType | types.AsyncGeneratorType):
         return (
             "a generator or coroutine cannot be captured by sojourn.capture(); run the program "
-            "under `sojourn run`, which resumes user generators from source"
+            "under `sojourn run` (in a notebook: %load_ext sojourn), which resumes generator "
+            "functions of the program (of its cells) from their source"
         )
     if isinstance(obj, types.CodeType):
         return "bytecode does not travel between Python versions; capture the function instead"

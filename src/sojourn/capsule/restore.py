@@ -43,6 +43,7 @@ from sojourn.capsule.fingerprint import (
     segment_fingerprint,
 )
 from sojourn.capsule.pickler import BufferOut, CapsulePickler, CaptureContext
+from sojourn.capsule.reducers.matplotlib import apply_pyplot_state
 from sojourn.capsule.reducers.numpy import small_pages
 from sojourn.capsule.reducers.rng import apply_process_state
 from sojourn.capsule.registry import allocator
@@ -174,6 +175,11 @@ def restore_capsule(
             check_fingerprints(manifest, namespace, process_state, ctx, stream, memo, bases)
         t_check = time.perf_counter()
     apply_process_state(process_state)
+    try:
+        notes = [*notes, *apply_pyplot_state(process_state)]
+    except Exception as e:  # the figures are restored; only pyplot's list of them is not
+        notes = [*notes, f"pyplot's figures are restored but not registered with pyplot again "
+                         f"({type(e).__name__}: {e}): plt.gcf() and figure numbers start afresh"]
     t_end = time.perf_counter()
     out = namespace if isinstance(namespace, Restored) else Restored()
     out.manifest = manifest

@@ -4,6 +4,7 @@ from sojourn.capsule.reducers import (  # noqa: F401
     code,
     files,
     iterators,
+    matplotlib,
     numpy,
     numpy_masked,
     pandas,
