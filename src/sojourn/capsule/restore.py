@@ -320,7 +320,9 @@ def check_fingerprints(
         if segment_fingerprint(sink.getbuffer()[start:], hashes) != var.fingerprint:
             differing.add(i)
     if ctx.problems:
-        raise RestoreError("the restored objects could not be pickled again to check them")
+        obj, why = ctx.problems[0]
+        raise RestoreError(f"the restored objects could not be pickled again to check them: a "
+                           f"{type(obj).__module__}.{type(obj).__qualname__}: {why}")
     _check_array_meta(manifest, pickler.buffers)
     if not differing:
         return

@@ -35,6 +35,7 @@ import weakref
 from typing import Any
 
 from sojourn.capsule.modules import ensure_user_module, source_record
+from sojourn.capsule.reducers.code_library import class_without_source, library_class, public_home
 from sojourn.capsule.registry import register
 from sojourn.capsule.source import (
     OUTER,
@@ -417,14 +418,17 @@ def _attr_is(owner: type, name: str, obj: Any) -> bool:
 
 def _owner_of(obj: Any, pickler: Any) -> tuple[type, str] | None:
     """(class, attribute) through which ``obj`` (a method or nested class) is reached."""
+    # A class that travels by value (code_library) carries its members itself: reaching them
+    # through the class would ask the class for what it is being built from.
+    by_value = pickler.__dict__.get("_sojourn_by_value", ())
     hit = _OWNERS.get(obj)
-    if hit is not None and _attr_is(*hit, obj):
+    if hit is not None and _attr_is(*hit, obj) and id(hit[0]) not in by_value:
         return hit
     parts = obj.__qualname__.split(".")
     if len(parts) < 2 or "<locals>" in parts:
         return None
     owner = _find_owner(obj.__module__, parts[:-1], pickler)
-    if not isinstance(owner, type):
+    if not isinstance(owner, type) or id(owner) in by_value:
         return None
     if _attr_is(owner, parts[-1], obj):
         return (owner, parts[-1])
@@ -514,6 +518,9 @@ def reduce_class(cls: type, pickler: Any) -> Any:
     if module != "__main__" and lookup(module, qualname) is cls:
         if is_library_module(module):
             pickler.note_module(module)
+            home = public_home(module, qualname, cls)
+            if home is not None:  # pathlib._local.PosixPath (3.13) is pathlib.PosixPath on 3.12
+                return (getattr, (home, qualname))
             return NotImplemented
         _module_source_record(pickler, module)
         return (_user_global, (module, qualname))
@@ -522,12 +529,18 @@ def reduce_class(cls: type, pickler: Any) -> Any:
         return (getattr, owner)
     if module != "__main__" and is_library_module(module):
         pickler.note_module(module)
+        rv = library_class(cls, pickler)
+        if rv is None:
+            rv = class_without_source(cls, pickler)  # a namedtuple a library made (pandas' rows)
+        if rv is not None:
+            return rv
         return pickler.problem(cls, f"class {qualname} of the library module {module} cannot be found "
                                f"by its name {module}.{qualname}, so it cannot be referenced on the "
                                "destination")
     src = class_source(cls)
     if isinstance(src, str):
-        return pickler.problem(cls, src)
+        rv = class_without_source(cls, pickler)  # made by a call: namedtuple(), type(), ...
+        return rv if rv is not None else pickler.problem(cls, src)
     enclosing = _enclosing_values(cls, src)
     if isinstance(enclosing, str):
         return pickler.problem(cls, enclosing)
