@@ -74,8 +74,11 @@ def _pytest(cp_root: Path, work: Path, mode: str, select: list[str], tag: str,
     sel = work / f"select-{tag}.json"
     sel.write_text(json.dumps(select))
     report = work / f"report-{tag}.json"
-    cmd = [sys.executable, "-m", "pytest", "-p", "cpshim", "-p", "no:cacheprovider", "-q",
-           "--no-header", "-p", "no:randomly", "-W", "ignore::DeprecationWarning", SUITE]
+    # --assert=plain: pytest's assertion rewriting compiles the suite's module into code its
+    # source does not say, and sojourn (rightly) refuses to rebuild a function from a source
+    # that does not match its running code.
+    cmd = [sys.executable, "-m", "pytest", "-p", "cpshim", "-p", "no:cacheprovider", "-q", "--assert=plain",
+           "--no-header", "-W", "ignore::DeprecationWarning", SUITE]
     proc = subprocess.run(cmd, cwd=cp_root, env=_env(cp_root, work, SOJOURN_CP_MODE=mode, SOJOURN_CP_REPORT=str(report),
                                                      SOJOURN_CP_SELECT=str(sel), **extra),
                           capture_output=True, text=True, timeout=timeout)

@@ -102,7 +102,7 @@ def _namedtuple_reduce(cls: Any, pickler: Any) -> Any:
 
 
 def _set_attrs(cls: type, state: dict[str, Any]) -> None:
-    for k, v in state.items():
+    for k, v in register_virtual(cls, state).items():
         setattr(cls, k, v)
 
 
@@ -170,7 +170,7 @@ def _make_type(meta: type, name: str, bases: tuple[type, ...], skeleton: dict[st
 
 
 def _type_setstate(cls: type, state: dict[str, Any]) -> None:
-    for k, v in state.items():
+    for k, v in register_virtual(cls, state).items():
         try:
             setattr(cls, k, v)
         except (AttributeError, TypeError):
@@ -197,6 +197,9 @@ def _generic_reduce(cls: type, pickler: Any) -> Any:
     # Sorted: the metaclass puts its own entries first on the restored class, so the order
     # of the class dict is not the captured one.
     state = dict(sorted(state.items()))
+    registered = abc_registered(cls)
+    if registered:
+        state[REGISTERED] = registered
     return (_make_type, (meta, cls.__name__, cls.__bases__, skeleton), state, None, None, _type_setstate)
 
 
@@ -219,6 +222,34 @@ def class_without_source(cls: type, pickler: Any) -> Any:
     if type(cls) is type or isinstance(cls, abc.ABCMeta):
         return _generic_reduce(cls, pickler)
     return None
+
+
+# -- abstract classes' virtual subclasses --------------------------------------------------------
+
+REGISTERED = "__sojourn_abc_registered__"  # a key of a class's state: Base.register(...) calls
+
+
+def abc_registered(cls: type) -> list[type]:
+    """The classes registered as virtual subclasses of an abstract class (``Base.register(tuple)``),
+    in a stable order. They live in its ``_abc_impl``, which pickles as nothing."""
+    if "_abc_impl" not in vars(cls):
+        return []
+    try:
+        refs = abc._get_dump(cls)[0]  # type: ignore[attr-defined]
+    except (AttributeError, TypeError):
+        return []
+    found = [r() for r in refs]
+    return sorted((c for c in found if isinstance(c, type)), key=lambda c: (c.__module__, c.__qualname__, id(c)))
+
+
+def register_virtual(cls: type, state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` without the registrations, which are made on ``cls``."""
+    if REGISTERED not in state:
+        return state
+    state = dict(state)
+    for c in state.pop(REGISTERED):
+        cls.register(c)  # type: ignore[attr-defined]
+    return state
 
 
 # -- TypeVar -------------------------------------------------------------------------------------

@@ -25,6 +25,13 @@ def _module_reduce(obj: types.ModuleType, pickler: Any) -> Any:
         return pickler.problem(
             obj, "the __main__ module itself cannot be captured; capture its namespace instead"
         )
+    if sys.modules.get(name) is not obj and not getattr(obj, "__file__", None):
+        # types.ModuleType(name) filled by exec(): importing the name on the destination
+        # would give another module, or none.
+        return pickler.problem(
+            obj, f"module {name!r} was made at run time (it has no file and is not the module "
+                 f"sys.modules[{name!r}]), so the destination cannot import it; put its code in a "
+                 "file of the workspace, or capture its contents instead")
     from sojourn.capsule.reducers.code import reduce_workspace_module
 
     workspace = reduce_workspace_module(name, pickler)  # its source travels; rebuilt if gone
@@ -180,7 +187,7 @@ def _memoryview_reduce(obj: memoryview, pickler: Any) -> Any:
 # the fingerprint check (the set or the reference is then empty) refuses the restore.
 
 
-def _weakset(items: list[Any]) -> Any:
+def _weakset(items: set[Any]) -> Any:
     import weakref
 
     return weakref.WeakSet(items)
@@ -188,7 +195,7 @@ def _weakset(items: list[Any]) -> Any:
 
 @register("_weakrefset.WeakSet")
 def _weakset_reduce(obj: Any, pickler: Any) -> Any:
-    return (_weakset, (list(obj),))
+    return (_weakset, (set(obj),))  # a set: its order is not the program's, nor compared
 
 
 def _weakref(target: Any, callback: Any) -> Any:
