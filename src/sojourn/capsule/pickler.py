@@ -275,6 +275,16 @@ _REFUSED: list[tuple[str, str, str]] = [
     ("selectors", "BaseSelector", "a selector watches this process's file descriptors"),
     ("mmap", "mmap", "a memory map is tied to this process; copy the data into an array"),
     ("ssl", "SSLContext", "TLS state is tied to this process"),
+    # No serializer can carry these: the running state lives inside OpenSSL (or the C
+    # library), which offers no way to read it out or set it.
+    ("_hashlib", "HASH", "a hash object's running state lives inside OpenSSL and cannot be read out; "
+     "keep its digest(), or hash the data again after resume"),
+    ("_hashlib", "HMAC", "an HMAC's running state lives inside OpenSSL and cannot be read out; "
+     "hash the data again after resume"),
+    ("_blake2", "blake2b", "a BLAKE2 hash's running state cannot be read out; keep its digest(), or "
+     "hash the data again after resume"),
+    ("_blake2", "blake2s", "a BLAKE2 hash's running state cannot be read out; keep its digest(), or "
+     "hash the data again after resume"),
 ]
 
 
