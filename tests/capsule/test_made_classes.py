@@ -165,3 +165,36 @@ rows = sojourn.restore(sys.argv[2], sys.argv[1])["rows"]
 print(json.dumps([type(rows[0]).__name__, rows[1].b, rows[1].Index, type(rows[0]) is type(rows[1])]))
 ''', repo, capsule, cwd=tmp_path))
     assert out == ["Pandas", "y", 1, True]
+
+
+def test_deeply_nested_structures_travel_to_every_version(tmp_path: Path, repo: str) -> None:
+    """20 000 levels: past 3.11's recursion limit and the C recursion limit 3.12 and 3.13 keep
+    (no setting raises it). Capture and the restore's check pickle such a graph again on a
+    thread with a big stack, with pickle's Python pickler (issue 11; corpus finding C2)."""
+    proc = run_py('''
+import sys, sojourn
+class Node:
+    def __init__(self, nxt):
+        self.nxt = nxt
+head = None
+for _ in range(20000):
+    head = Node(head)
+nested = []
+for _ in range(20000):
+    nested = [nested]
+print(sojourn.capture({"head": head, "nested": nested, "small": [1, 2]}, sys.argv[1]).id)
+''', repo, cwd=tmp_path)
+    capsule = proc.stdout.split()[-1]
+    for version, python in sorted(interpreters().items()):
+        out = last_json(run_py('''
+import sys, json, sojourn
+ns = sojourn.restore(sys.argv[2], sys.argv[1])
+n, node = 0, ns["head"]
+while node is not None:
+    n, node = n + 1, node.nxt
+m, x = 0, ns["nested"]
+while x:
+    m, x = m + 1, x[0]
+print(json.dumps([n, m, ns["small"], sys.getrecursionlimit()]))
+''', repo, capsule, cwd=tmp_path, python=python))
+        assert out == [20000, 20000, [1, 2], 1000], f"restored on {version}"  # the limit is put back
