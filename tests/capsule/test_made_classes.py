@@ -2,7 +2,8 @@
 interpreter of every Python version at hand (3.11, 3.12, 3.13; absent ones skip): classes no
 class statement made, the singletons' types, descriptors, views, proxies, weak references,
 TypeVars, abstract classes' registrations, paths across pathlib's move to pathlib._local,
-a variable name UTF-8 cannot spell; and what no serializer can carry, refused by path.
+a variable name UTF-8 cannot spell, the methods a dataclass generated, structures nested
+deeper than the stack; and what no serializer can carry, refused by path.
 """
 
 from __future__ import annotations
@@ -49,8 +50,13 @@ def local_classes():
         pass
     class Slotted:
         __slots__ = slots
-    return T, Box, Slotted
-T, Box, Slotted = local_classes()
+    @dataclasses.dataclass(order=True)
+    class LPt:
+        x: int
+        y: int = 0
+    return T, Box, Slotted, LPt
+T, Box, Slotted, LPt = local_classes()
+generated = [LPt.__init__, LPt.__repr__, LPt.__lt__]  # made by dataclass from strings
 sl = Slotted(); sl.a = 5
 
 class Member:
@@ -81,6 +87,8 @@ def results(g):
         "abc": [issubclass(tuple, g["Base"]), issubclass(dict, g["Base"])],
         "property": [g["prop"].v, type(g["prop"]).v.fset is not None],
         "local": [repr(g["T"]), g["Box"].__parameters__[0] is g["T"], g["sl"].a, g["Slotted"].__slots__],
+        "generated": [g["generated"][0] is g["LPt"].__init__, g["generated"][1](g["LPt"](3)),
+                      g["generated"][2](g["LPt"](1), g["LPt"](2))],
         "weak": [len(g["members"]), set(g["members"]) == {g["m1"], g["m2"]}, g["held"]() is g["m1"]],
         "views": [list(g["views"][0]), list(g["views"][1]), list(g["views"][2]), dict(g["views"][3]),
                   type(g["views"][4]).__name__],

@@ -34,7 +34,13 @@ import weakref
 from typing import Any
 
 from sojourn.capsule.modules import ensure_user_module, source_record
-from sojourn.capsule.reducers.code_enclosing import base_bindings, class_cells, enclosing_values
+from sojourn.capsule.reducers.code_enclosing import (
+    base_bindings,
+    class_cells,
+    enclosing_values,
+    held_by_class,
+    wraps_sourceless,
+)
 from sojourn.capsule.reducers.code_library import (
     REGISTERED,
     abc_registered,
@@ -337,9 +343,17 @@ def reduce_function(func: types.FunctionType, pickler: Any) -> Any:
     owner = _owner_of(func, pickler)
     if owner is not None:
         return (getattr, owner)
-    if module not in (None, "__main__") and is_library_module(module):
+    library = module not in (None, "__main__") and is_library_module(module)
+    if library:
         pickler.note_module(module)  # a library's closure or lambda: rebuilt from its source
     src = function_source(func)
+    if isinstance(src, str) or (is_library_file(func.__code__.co_filename) and wraps_sourceless(func)):
+        # A method a decorator or a metaclass generated from a string, or wrapped in a
+        # library's closure (a dataclass's __init__, __repr__), of a class defined in a
+        # function: the class makes it again, so it travels as the class's attribute.
+        held = held_by_class(func, pickler)
+        if held is not None:
+            return (getattr, held)
     if isinstance(src, str):
         return pickler.problem(func, src)
     globals_ref, subset = _globals_ref(func.__globals__, pickler)

@@ -4,17 +4,26 @@ A class statement inside a function reads the function's variables (its bases, d
 ``__slots__ = slots``, methods' closures). On the destination the statement runs inside a
 scaffold function whose parameters are those names (:mod:`sojourn.capsule.source`); their
 values must come from what the class itself still holds: its methods' closure cells, its
-bases, the attributes its statement assigned from them, its type parameters.
+bases, the attributes its statement assigned from them, its type parameters. And a method
+that a decorator generated from a string (a dataclass's ``__init__``) travels as the
+attribute of the class that holds it: the class statement makes it again.
 """
 
 from __future__ import annotations
 
 import ast
+import gc
 import types
 import typing
 from typing import Any
 
-from sojourn.capsule.source import Source, class_functions
+from sojourn.capsule.source import (
+    Source,
+    class_functions,
+    function_source,
+    is_library_file,
+    is_library_module,
+)
 
 
 def enclosing_values(cls: type, src: Source) -> tuple[Any, ...] | str:
@@ -69,6 +78,8 @@ def _kept_by_class(cls: type, src: Source, name: str) -> tuple[Any] | tuple[()]:
 def class_cells(cls: type) -> dict[str, types.CellType]:
     cells: dict[str, types.CellType] = {}
     for f in class_functions(cls):
+        if is_library_file(f.__code__.co_filename):
+            continue  # a library's wrapper (dataclass's recursive-repr guard): its cells are its own
         for name, cell in zip(f.__code__.co_freevars, f.__closure__ or (), strict=False):
             if name != "__class__":
                 cells.setdefault(name, cell)
@@ -94,3 +105,30 @@ def base_bindings(src: Source, cls: type) -> dict[str, Any]:
         if kw.arg == "metaclass" and isinstance(kw.value, ast.Name):
             out[kw.value.id] = type(cls)
     return out
+
+
+def wraps_sourceless(func: types.FunctionType) -> bool:
+    """A library's closure over a function that has no source (it would be refused)."""
+    for cell in func.__closure__ or ():
+        try:
+            inner = cell.cell_contents
+        except ValueError:
+            continue
+        if isinstance(inner, types.FunctionType) and isinstance(function_source(inner), str):
+            return True
+    return False
+
+
+def held_by_class(func: types.FunctionType, pickler: Any) -> tuple[type, str] | None:
+    """(class, attribute) of a class that holds ``func`` in its namespace (found through the
+    garbage collector: only for a function that could not travel otherwise)."""
+    by_value = pickler.__dict__.get("_sojourn_by_value", ())
+    for ns in gc.get_referrers(func):
+        if type(ns) is not dict:
+            continue
+        for cls in gc.get_referrers(ns):
+            if isinstance(cls, type) and id(cls) not in by_value and not is_library_module(cls.__module__):
+                for k, v in vars(cls).items():
+                    if v is func:
+                        return (cls, k)
+    return None
