@@ -28,7 +28,15 @@ from sojourn.capsule import format as fmt
 from sojourn.capsule import reducers  # noqa: F401  (registers every reducer)
 from sojourn.capsule.environment import distributions_for
 from sojourn.capsule.fingerprint import segment_fingerprint
-from sojourn.capsule.pickler import BufferOut, CapsulePickler, CaptureContext
+from sojourn.capsule.pickler import (
+    BYTES_PER_LEVEL,
+    DEEP_STACKS,
+    BufferOut,
+    CapsulePickler,
+    CaptureContext,
+    DeepCapsulePickler,
+    deeply,
+)
 from sojourn.capsule.reducers.matplotlib import pyplot_state
 from sojourn.capsule.reducers.rng import capture_process_state
 from sojourn.capsule.scan import problems_with_paths
@@ -85,13 +93,15 @@ def pickle_namespace(
     extra: dict[str, Any] | None = None,
     on_variable: Callable[[list[BufferOut], bool], None] | None = None,
     paths: PathNames | None = None,
+    deep: bool = False,
 ) -> Pickled:
     """Pickle ``namespace``; ``on_variable(buffers, clean)`` sees each variable's buffers as
     soon as it is pickled (``clean``: no problem found so far). ``paths``: how problems are
-    named (``scan.find_paths``' ``first`` and ``label``)."""
+    named (``scan.find_paths``' ``first`` and ``label``). ``deep``: with the pickler that walks
+    any depth (call it inside :func:`deeply`)."""
     ctx = CaptureContext(workspace=workspace, namespace=namespace)
     sink = io.BytesIO()
-    pickler = CapsulePickler(sink, ctx)
+    pickler = (DeepCapsulePickler if deep else CapsulePickler)(sink, ctx)
     names = [n for n in namespace if isinstance(n, str) and not skipped(n)]
     segments: list[tuple[int, int]] = []
     ranges: list[tuple[int, int]] = []
@@ -178,7 +188,21 @@ def capture_namespace(
             waiting.clear()
 
     try:
-        pickled = pickle_namespace(namespace, workspace=workspace, extra=extra, on_variable=write_early, paths=paths)
+        try:
+            pickled = pickle_namespace(namespace, workspace=workspace, extra=extra, on_variable=write_early, paths=paths)
+        except RecursionError:
+            # Nested deeper than this stack: once more, on a thread with a stack for it (the
+            # buffers seen so far come again; chunks already stored are not written twice).
+            waiting.clear()
+            pickled = deeply(pickle_namespace, namespace, workspace=workspace, extra=extra,
+                             on_variable=write_early, paths=paths, deep=True)
+    except RecursionError:
+        _wait_quietly(pending)
+        raise CaptureError(f"the namespace holds objects nested deeper than sojourn can pickle (about "
+                           f"{DEEP_STACKS[0] // BYTES_PER_LEVEL // 5} levels), or an object whose pickling "
+                           "calls itself without end (a __getattribute__ or __reduce__ that recurses); "
+                           "nothing was written. Flatten deep structures (nodes in a list, links by "
+                           "index) before the pause", []) from None
     except CaptureError as e:
         _wait_quietly(pending)
         raise CaptureError(_problems_message(e.problems, stats), e.problems) from None

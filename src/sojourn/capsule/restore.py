@@ -42,7 +42,13 @@ from sojourn.capsule.fingerprint import (
     hash_pieces,
     segment_fingerprint,
 )
-from sojourn.capsule.pickler import BufferOut, CapsulePickler, CaptureContext
+from sojourn.capsule.pickler import (
+    BufferOut,
+    CapsulePickler,
+    CaptureContext,
+    DeepCapsulePickler,
+    deeply,
+)
 from sojourn.capsule.reducers.matplotlib import apply_pyplot_state
 from sojourn.capsule.reducers.numpy import small_pages
 from sojourn.capsule.reducers.rng import apply_process_state
@@ -172,7 +178,18 @@ def restore_capsule(
                 namespace[var.name] = value
         t_load = time.perf_counter()
         if check:
-            check_fingerprints(manifest, namespace, process_state, ctx, stream, memo, bases)
+            try:
+                check_fingerprints(manifest, namespace, process_state, ctx, stream, memo, bases)
+            except RecursionError:  # nested deeper than this stack: where there is a stack for it
+                try:
+                    deeply(check_fingerprints, manifest, namespace, process_state, ctx, stream, memo, bases,
+                           deep=True)
+                except RecursionError:
+                    raise RestoreError(
+                        f"capsule {manifest.id} holds objects nested deeper than sojourn can pickle "
+                        "again on this machine to check them (or whose pickling calls itself without "
+                        "end); restore it where it was captured, or flatten the structure before "
+                        "capturing") from None
         t_check = time.perf_counter()
     apply_process_state(process_state)
     try:
@@ -295,8 +312,10 @@ def check_fingerprints(
     stream: bytes,
     memo: _Memo | None = None,
     bases: list[int] | None = None,
+    deep: bool = False,
 ) -> None:
-    """Pickle the restored objects again and compare with what was captured.
+    """Pickle the restored objects again and compare with what was captured (``deep``: with
+    the pickler that walks any depth, inside :func:`deeply`).
 
     Equal bytes (one hash per variable) are the rule. Where they differ, the canonical
     comparison reads both streams from the first differing variable on: up to there they
@@ -306,7 +325,7 @@ def check_fingerprints(
     """
     ctx = CaptureContext(workspace=rctx.files_to, namespace=namespace, fingerprint_only=True)
     sink = io.BytesIO()
-    pickler = CapsulePickler(sink, ctx)
+    pickler = (DeepCapsulePickler if deep else CapsulePickler)(sink, ctx)
 
     def hashes_of(b: BufferOut) -> list[str]:
         if len(b.view):
@@ -328,7 +347,9 @@ def check_fingerprints(
         if segment_fingerprint(sink.getbuffer()[start:], hashes) != var.fingerprint:
             differing.add(i)
     if ctx.problems:
-        raise RestoreError("the restored objects could not be pickled again to check them")
+        obj, why = ctx.problems[0]
+        raise RestoreError(f"the restored objects could not be pickled again to check them: a "
+                           f"{type(obj).__module__}.{type(obj).__qualname__}: {why}")
     _check_array_meta(manifest, pickler.buffers)
     if not differing:
         return

@@ -2,6 +2,7 @@
 
 from sojourn.capsule.reducers import (  # noqa: F401
     code,
+    code_library,
     files,
     iterators,
     matplotlib,
