@@ -66,6 +66,7 @@ class PauseEvent:
     seconds_capture: float
     action: str  # "exit" or "continue"
     paused_at: float = 0.0  # time.perf_counter() when the statement boundary was reached
+    checked: bool = False  # the write check (PauseConfig.verify) passed before the process ended
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,8 @@ class PauseRefusal:
     reason: str
     message: str
     problems: tuple[Problem, ...] = ()
+    capsule: str | None = None  # a capsule was written but failed its write check (marked failed)
+    error: str | None = None  # ... and why
 
 
 @dataclass
@@ -111,6 +114,12 @@ class PauseConfig:
     # Called with the error, in the main thread, before an out-of-memory capture (make room).
     on_oom: Callable[[BaseException], None] | None = None
     oom_reserve: int | None = None  # bytes held back for that capture (None: SOJOURN_OOM_RESERVE or 32 MiB)
+    # The write check of a capsule that ends the process, run while the program waits at its
+    # statement boundary: (capsule id, seconds left before the request's deadline or None)
+    # -> None when the capsule restores in a fresh interpreter with every fingerprint equal,
+    # else why not (the pause is then refused and the program keeps running); raises
+    # TimeoutError when it could not finish in the time left (the capsule is kept, unchecked).
+    verify: Callable[[str, float | None], str | None] | None = None
 
 
 class PauseController:
@@ -307,6 +316,11 @@ class PauseController:
             message = str(e) if isinstance(e, CaptureError) else f"the capture failed: {type(e).__name__}: {e}"
             self._give_up(req, PauseRefusal(req.reason, message, problems))
             return
+        if event.action == "exit" and self.config.verify is not None:
+            checked = self._check(req, event)
+            if checked is None:
+                return
+            event = checked
         if event.action == "exit":
             self.landed(event, EXIT_PAUSED,
                         f"paused ({event.reason}, {event.seconds_to_pause * 1e3:.2f} ms after the request) at "
@@ -315,6 +329,33 @@ class PauseController:
         self.landed(event, None, f"checkpoint {event.capsule} at {event.where}")
         req.done.set()
         self.rt.set_flag(False)
+
+    def _check(self, req: _Request, event: PauseEvent) -> PauseEvent | None:
+        """The write check, before the process ends: the event, marked checked (or not, when
+        the deadline left no time for it), or None when the capsule failed it: then the pause
+        is refused, the capsule is marked failed, and the program carries on from this
+        statement, as if no pause had been asked. No pause ends a job."""
+        import dataclasses
+
+        assert self.config.verify is not None
+        left = None if req.deadline is None else req.deadline - (time.perf_counter() - req.t0)
+        if left is not None and left <= 0.5:
+            self._log(f"no time left for the write check of {event.capsule} before the deadline; "
+                      "it is checked when it is recorded")
+            return event
+        try:
+            error = self.config.verify(event.capsule, left)
+        except TimeoutError:
+            self._log(f"the write check of {event.capsule} did not finish before the deadline; "
+                      "it is checked when it is recorded")
+            return event
+        except Exception as e:
+            error = f"the check could not run: {type(e).__name__}: {e}"
+        if error is None:
+            return dataclasses.replace(event, checked=True)
+        self._give_up(req, PauseRefusal(req.reason, f"capsule {event.capsule} failed its write check, so it was "
+                                        f"not used: {error}", capsule=event.capsule, error=error))
+        return None
 
     def _defer(self, req: _Request, d: Deferred) -> None:
         """Keep a deferred program fast. A library loop calling back into the program passes

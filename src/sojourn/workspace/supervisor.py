@@ -337,6 +337,11 @@ class Supervisor:
             self.refusals.append(msg)
             with self._lock:
                 self.pending = None
+            if msg.get("capsule"):  # written, failed its write check in the session: marked failed
+                entry = R.CapsuleEntry(id=str(msg["capsule"]), parent=None, reason=str(msg.get("reason")),
+                                       where="", size=0, time=R.now(), allocation=self.spec.allocation,
+                                       verified=False, error=str(msg.get("error") or msg.get("message")))
+                self.append({"type": "capsule", "capsule": entry.__dict__})
             self.append({"type": "refused", "reason": msg.get("reason"), "message": msg.get("message"),
                          "problems": msg.get("problems", [])})
         elif kind == "edited":
@@ -500,7 +505,10 @@ class Supervisor:
         ran = bool(self.exit_msg.get("ran", True)) if self.exit_msg else True
         if self.capsule_msg is not None:
             m = self.capsule_msg
-            error = verify_capsule(self.repo_url, m["capsule"], python=s.python, cwd=s.cwd)
+            # Checked by the session before it exited (while the program waited, so that a
+            # failure let it carry on), or not: when the deadline left no time, or an OOM.
+            error = None if m.get("checked") else verify_capsule(self.repo_url, m["capsule"], python=s.python,
+                                                                 cwd=s.cwd)
             cap_entry = R.CapsuleEntry(id=m["capsule"], parent=m.get("parent"), reason=str(m.get("reason")),
                                        where=str(m.get("where", "")), size=int(m.get("size", 0)), time=R.now(),
                                        allocation=s.allocation, verified=error is None, error=error)

@@ -1,0 +1,198 @@
+"""No pause ever ends a job: a capsule that fails its write check is refused like any pause
+(the check runs in the session while the program waits at its statement boundary), `sojourn
+suspend` says which variable and why in one line, and the program carries on; Ctrl-C in a
+terminal suspends; a signal during start-up is a pause request, not a kill.
+
+Real processes, real signals, a real pty; every capsule is checked in a fresh interpreter."""
+
+from __future__ import annotations
+
+import os
+import pty
+import select
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.workspace.conftest import Shell, finish, kill, wait_for
+
+# `cache` holds an object whose __setstate__ marks it as loaded: restored in a fresh
+# interpreter, it is not what was captured (fingerprint mismatch), so its capsule fails the
+# write check. The program waits for the test's `release` file, then ends.
+HELD = """
+import os, time
+class Loaded:
+    def __init__(self, n):
+        self.n = n
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self.loaded = True
+cache = {"a": Loaded(3)}
+total = 0
+print("waiting", flush=True)
+while not os.path.exists("release"):
+    total += 1
+    time.sleep(0.01)
+print("released", cache["a"].n, flush=True)
+"""
+
+
+def test_a_capsule_that_fails_its_write_check_is_refused_and_the_program_keeps_running(sh: Shell) -> None:
+    sh.write("held.py", HELD, prelude=False)
+    run = sh.start("run", "held.py")
+    ws = sh.workspace_of(run)
+    assert sh.read_lines(run, 1) == ["waiting\n"]
+    sus = sh.cli("suspend", ws)
+    assert sus.returncode == 1, sus.stderr
+    first = sus.stderr.strip().splitlines()[0]
+    assert "pause refused; the program keeps running" in first and "write check" in first, sus.stderr
+    assert "'cache'" in first and "fingerprint mismatch" in first, sus.stderr
+    rec = sh.show(ws)
+    assert rec["state"] == "running" and rec["refusals"] == 1
+    failed = [c for c in rec["capsules"] if not c["verified"]]
+    assert len(failed) == 1 and "cache" in failed[0]["error"] and rec["last_capsule"] is None
+    # A SIGTERM (a machine going away) gets the same answer: the program is not killed.
+    kill(sh.session_pid(ws), signal.SIGTERM)
+    wait_for(lambda: sh.show(ws)["refusals"] == 2, 60, "the second refusal")
+    assert run.poll() is None
+    (sh.dir / "release").write_text("")
+    code, out, err = finish(run)
+    assert code == 0, err
+    assert out == "released 3\n"
+    rec = sh.show(ws)
+    assert rec["state"] == "finished" and len([c for c in rec["capsules"] if not c["verified"]]) == 2
+
+
+def _pty_run(sh: Shell, *args: str) -> tuple[subprocess.Popen[bytes], int]:
+    """`sojourn run` in the foreground of a terminal: its own session on a pty, so that a
+    Ctrl-C is what the terminal sends, SIGINT to the foreground process group."""
+    master, slave = pty.openpty()
+    p = subprocess.Popen(sh.cmd(*args), cwd=sh.dir, env=sh.env, stdin=slave, stdout=slave, stderr=slave,
+                         start_new_session=True)
+    os.close(slave)
+    return p, master
+
+
+def _read_until(master: int, needle: bytes, timeout: float = 60) -> bytes:
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while needle not in seen:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError(f"timed out waiting for {needle!r} in:\n{seen.decode(errors='replace')}")
+        ready, _, _ = select.select([master], [], [], left)
+        if ready:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # the other end closed
+                break
+            if not chunk:
+                break
+            seen += chunk
+    return seen
+
+
+def _drain(master: int, proc: subprocess.Popen[bytes], timeout: float = 60) -> bytes:
+    out = b""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([master], [], [], 0.1)
+        if ready:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:
+                chunk = b""
+            out += chunk
+            if not chunk and proc.poll() is not None:
+                break
+        elif proc.poll() is not None:
+            break
+    proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    return out
+
+
+LOOP = """
+import os, time
+print("started", flush=True)
+n = 0
+while not os.path.exists("release"):
+    n += 1
+    time.sleep(0.01)
+print("released", flush=True)
+"""
+
+
+def test_ctrl_c_in_a_terminal_suspends_and_the_resume_carries_on(sh: Shell) -> None:
+    sh.write("loop.py", LOOP, prelude=False)
+    p, master = _pty_run(sh, "run", "loop.py")
+    try:
+        _read_until(master, b"started")
+        os.killpg(p.pid, signal.SIGINT)  # Ctrl-C: the terminal's foreground group
+        out = _drain(master, p).decode(errors="replace")
+    finally:
+        os.close(master)
+    assert p.returncode == 75, out
+    assert "Ctrl-C" in out and "Traceback" not in out and "KeyboardInterrupt" not in out, out
+    ws = sh.show_id(out)
+    rec = sh.show(ws)
+    assert rec["state"] == "suspended" and rec["last_capsule"]["reason"] == "interrupt", rec
+    (sh.dir / "release").write_text("")
+    res = sh.cli("resume", ws)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == "released\n"
+
+
+def test_a_second_ctrl_c_within_seconds_interrupts_the_program(sh: Shell) -> None:
+    # The program handles KeyboardInterrupt itself: the second Ctrl-C reaches it as Python's
+    # own would. Its pause cannot land meanwhile: it sits in one long C call.
+    sh.write("stuck.py", """
+        import time
+        print("started", flush=True)
+        try:
+            time.sleep(120)
+        except KeyboardInterrupt:
+            print("interrupted by the user", flush=True)
+    """, prelude=False)
+    p, master = _pty_run(sh, "run", "stuck.py")
+    try:
+        _read_until(master, b"started")
+        os.killpg(p.pid, signal.SIGINT)
+        _read_until(master, b"Ctrl-C")
+        os.killpg(p.pid, signal.SIGINT)
+        out = _drain(master, p).decode(errors="replace")
+    finally:
+        os.close(master)
+    assert "interrupted by the user" in out, out
+    assert p.returncode == 0, out
+    assert sh.show(sh.show_id(out))["state"] == "finished"
+
+
+@pytest.mark.parametrize("command", ["run", "resume"])
+def test_sigterm_during_start_up_is_a_pause_request_not_a_kill(sh: Shell, tmp_path: Path, command: str) -> None:
+    """Signals are held from the first line of the command: a SIGTERM that arrives while
+    `sojourn run`/`resume` is still importing is served once the session runs (the program
+    pauses at its first statement boundary), not the default "killed by SIGTERM"."""
+    sh.write("loop.py", LOOP, prelude=False)
+    args: tuple[str, ...] = ("run", "loop.py")
+    if command == "resume":
+        first = sh.start("run", "loop.py")
+        ws = sh.workspace_of(first)
+        assert sh.read_lines(first, 1) == ["started\n"]
+        kill(sh.session_pid(ws), signal.SIGTERM)
+        code, _, err = finish(first)
+        assert code == 75, err
+        args = ("resume", ws)
+    p = sh.start(*args)
+    kill(p.pid, signal.SIGTERM)  # at once: the command is still starting up
+    code, _, err = finish(p)
+    assert code == 75, err
+    assert "killed by SIGTERM" not in err
+    ws = sh.show_id(err)
+    assert sh.show(ws)["state"] == "suspended"
+    (sh.dir / "release").write_text("")
+    res = sh.cli("resume", ws)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == "released\n"
