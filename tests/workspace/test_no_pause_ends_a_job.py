@@ -116,7 +116,7 @@ def _drain(master: int, proc: subprocess.Popen[bytes], timeout: float = 60) -> b
 
 LOOP = """
 import os, time
-print("started", flush=True)
+print("program-ready", flush=True)
 n = 0
 while not os.path.exists("release"):
     n += 1
@@ -129,9 +129,9 @@ def test_ctrl_c_in_a_terminal_suspends_and_the_resume_carries_on(sh: Shell) -> N
     sh.write("loop.py", LOOP, prelude=False)
     p, master = _pty_run(sh, "run", "loop.py")
     try:
-        _read_until(master, b"started")
+        seen = _read_until(master, b"program-ready")
         os.killpg(p.pid, signal.SIGINT)  # Ctrl-C: the terminal's foreground group
-        out = _drain(master, p).decode(errors="replace")
+        out = (seen + _drain(master, p)).decode(errors="replace")
     finally:
         os.close(master)
     assert p.returncode == 75, out
@@ -150,7 +150,7 @@ def test_a_second_ctrl_c_within_seconds_interrupts_the_program(sh: Shell) -> Non
     # own would. Its pause cannot land meanwhile: it sits in one long C call.
     sh.write("stuck.py", """
         import time
-        print("started", flush=True)
+        print("program-ready", flush=True)
         try:
             time.sleep(120)
         except KeyboardInterrupt:
@@ -158,16 +158,32 @@ def test_a_second_ctrl_c_within_seconds_interrupts_the_program(sh: Shell) -> Non
     """, prelude=False)
     p, master = _pty_run(sh, "run", "stuck.py")
     try:
-        _read_until(master, b"started")
+        seen = _read_until(master, b"program-ready")
         os.killpg(p.pid, signal.SIGINT)
-        _read_until(master, b"Ctrl-C")
+        seen += _read_until(master, b"Ctrl-C")
         os.killpg(p.pid, signal.SIGINT)
-        out = _drain(master, p).decode(errors="replace")
+        out = (seen + _drain(master, p)).decode(errors="replace")
     finally:
         os.close(master)
     assert "interrupted by the user" in out, out
     assert p.returncode == 0, out
     assert sh.show(sh.show_id(out))["state"] == "finished"
+
+
+def _catches(pid: int, sig: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    mask = next(int(line.split()[1], 16) for line in status.splitlines() if line.startswith("SigCgt:"))
+    return bool(mask & (1 << (sig - 1)))
+
+
+def _children(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return []
 
 
 @pytest.mark.parametrize("command", ["run", "resume"])
@@ -177,17 +193,23 @@ def test_sigterm_during_start_up_is_a_pause_request_not_a_kill(sh: Shell, tmp_pa
     pauses at its first statement boundary), not the default "killed by SIGTERM"."""
     sh.write("loop.py", LOOP, prelude=False)
     args: tuple[str, ...] = ("run", "loop.py")
+    before = ""
     if command == "resume":
         first = sh.start("run", "loop.py")
         ws = sh.workspace_of(first)
-        assert sh.read_lines(first, 1) == ["started\n"]
+        assert sh.read_lines(first, 1) == ["program-ready\n"]
         kill(sh.session_pid(ws), signal.SIGTERM)
-        code, _, err = finish(first)
+        code, before, err = finish(first)
+        before = "program-ready\n" + before
         assert code == 75, err
         args = ("resume", ws)
     p = sh.start(*args)
-    kill(p.pid, signal.SIGTERM)  # at once: the command is still starting up
-    code, _, err = finish(p)
+    # As soon as the command's first line ran (it catches SIGTERM: /proc says so), while it
+    # still imports, long before its session runs the program.
+    wait_for(lambda: _catches(p.pid, signal.SIGTERM) or p.poll() is not None, 30, "the command to start")
+    kill(p.pid, signal.SIGTERM)
+    assert not _children(p.pid), "the signal came after the session was started: not the start-up window"
+    code, out, err = finish(p)
     assert code == 75, err
     assert "killed by SIGTERM" not in err
     ws = sh.show_id(err)
@@ -195,4 +217,5 @@ def test_sigterm_during_start_up_is_a_pause_request_not_a_kill(sh: Shell, tmp_pa
     (sh.dir / "release").write_text("")
     res = sh.cli("resume", ws)
     assert res.returncode == 0, res.stderr
-    assert res.stdout == "released\n"
+    # It paused at its first statement boundary, or once it was waiting for the file.
+    assert before + out + res.stdout == "program-ready\nreleased\n"

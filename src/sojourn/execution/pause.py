@@ -489,9 +489,22 @@ class PauseController:
                 self.request_pause(name, deadline, action, on_timeout)
 
             signal.signal(signum, handler)
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, self._on_sigint)
         if self.config.scan_interval:
             t = threading.Thread(target=self._scan_loop, name="sojourn-scan", daemon=True)
             t.start()
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        """Python's own ``KeyboardInterrupt``, after dropping a pause that a first Ctrl-C
+        asked for (reason ``interrupt``, from the supervisor): a second Ctrl-C means
+        "interrupt the program", not "and then suspend it"."""
+        req = self.request
+        if req is not None and req.reason == "interrupt" and not req.done.is_set():
+            req.done.set()
+            self.rt.set_flag(False)
+            self._log("pause dropped: Ctrl-C again, the program gets KeyboardInterrupt")
+        raise KeyboardInterrupt
 
     def _scan_loop(self) -> None:
         interval = self.config.scan_interval or 0

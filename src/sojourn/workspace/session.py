@@ -388,7 +388,36 @@ def _program_ran() -> bool:
         return False
 
 
+HELD = ("SIGTERM", "SIGUSR1")  # the engine's pause signals (execution.pause.PauseConfig.signals)
+
+
+def serve_held(ch: Channel) -> None:
+    """Signals that came before the engine installed its handlers (``held.py``) become the
+    pauses the engine would have made of them, once it has (a thread: the main thread is
+    compiling or restoring the program meanwhile)."""
+    import signal
+
+    from sojourn.workspace import held
+
+    nums = [getattr(signal, n) for n in HELD]
+    while any(held.holding(n) for n in nums):
+        time.sleep(0.02)
+    from sojourn.execution import pause
+
+    for signum in held.take():
+        try:
+            action, deadline, on_timeout = pause.controller().config.signals[signum]
+        except (RuntimeError, KeyError):
+            action, deadline, on_timeout = "exit", 30.0, "exit"
+        ch._request(held.name(signum), deadline, action, on_timeout)
+
+
 def main(argv: list[str] | None = None) -> int:
+    import signal
+
+    from sojourn.workspace import held
+
+    held.hold(tuple(getattr(signal, n) for n in HELD))  # first: a SIGTERM now must not kill the session
     parser = argparse.ArgumentParser(prog="python -m sojourn.workspace.session")
     parser.add_argument("--repo", required=True)
     parser.add_argument("--workspace", default="")
@@ -426,6 +455,11 @@ def main(argv: list[str] | None = None) -> int:
              "python_version": platform.python_version(), "executable": sys.executable,
              "arch": platform.machine(), "platform": sys.platform})
     ch.start()
+    if ns.cmd != "incoming":
+        threading.Thread(target=serve_held, args=(ch,), name="sojourn-held", daemon=True).start()
+    else:
+        for n in HELD:  # a move's destination: signals act as before its engine starts
+            held.release(getattr(signal, n))
 
     from sojourn.execution import runner
 

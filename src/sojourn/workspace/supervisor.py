@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sojourn import notices
+from sojourn.workspace import held
 from sojourn.workspace import records as R
 from sojourn.workspace.capsules import capsule_facts, child_env, verify_capsule
 from sojourn.workspace.files import files_event_of
@@ -46,6 +47,10 @@ EXIT_PAUSE_FAILED = 76  # a pause was taken but its capsule failed the check, or
 EXIT_OOM = 77  # the program ran out of memory (`sojourn show` says whether a capsule was taken)
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
+# What the engine does with a signal (execution.pause.PauseConfig.signals): (deadline, at the
+# deadline). Asked over the control pipe while the session has not said it started.
+ENGINE_SIGNALS: dict[int, tuple[float, str]] = {signal.SIGTERM: (30.0, "exit"), signal.SIGUSR1: (120.0, "continue")}
+INTERRUPT_WINDOW = 3.0  # a second Ctrl-C within this many seconds interrupts the program instead
 # How often the pump reads the output files when the status pipe is quiet: every 25 ms while
 # the program writes, backing off to 100 ms while it does not (an idle session costs little).
 TAIL_INTERVAL, TAIL_IDLE = 0.025, 0.1
@@ -128,6 +133,7 @@ class Supervisor:
         self.committed = not spec.incoming
         self.held_started: dict[str, Any] | None = None
         self.background: list[threading.Thread] = []  # write checks of checkpoints (checkpoints.py)
+        self._interrupted: float | None = None  # when the last Ctrl-C asked for a pause (monotonic)
 
     # -- events ----------------------------------------------------------------------------
 
@@ -238,6 +244,8 @@ class Supervisor:
         old: dict[int, Any] = {}
         for sig in FORWARDED:
             old[sig] = signal.signal(sig, self._forward)
+        for noted in held.take():  # came while this command started up (held.py)
+            self._forward(noted, None)
         return old
 
     def _restore_signals(self, old: dict[int, Any]) -> None:
@@ -247,15 +255,60 @@ class Supervisor:
     def _forward(self, signum: int, frame: Any) -> None:
         if self.notices is not None and self.notices.signal(signum):
             return  # issue 6: a notice (Slurm's --signal, Kubernetes' SIGTERM); _on_notice pauses
+        if signum == signal.SIGINT:
+            self._interrupt()
+            return
         target = signal.SIGTERM if signum == signal.SIGHUP else signum
         if signum == signal.SIGHUP:
             self.on_output = None  # the terminal is gone
+        if not self.started and target in ENGINE_SIGNALS:
+            # The session holds these signals from its first line (held.py) and says
+            # `started` then; before that, one would kill it: ask for the same pause instead.
+            deadline, on_timeout = ENGINE_SIGNALS[target]
+            self._control({"op": "pause", "reason": held.name(target), "deadline": deadline, "action": "exit",
+                           "on_timeout": on_timeout})
+            return
         p = self.proc
         if p is not None and p.returncode is None:
             try:
                 os.kill(p.pid, target)
             except ProcessLookupError:
                 pass
+
+    def _interrupt(self) -> None:
+        """Ctrl-C in the terminal suspends the program at its next statement; a second one
+        within :data:`INTERRUPT_WINDOW` seconds passes ``KeyboardInterrupt`` to it, as plain
+        Python would (the session's engine then drops the pending pause)."""
+        now = time.monotonic()
+        p = self.proc
+        if self._interrupted is not None and now - self._interrupted <= INTERRUPT_WINDOW:
+            self._interrupted = None
+            with self._lock:
+                self.pending = None
+            print("sojourn: Ctrl-C again: interrupting the program (KeyboardInterrupt)", file=sys.stderr, flush=True)
+            if p is not None and p.returncode is None:
+                try:
+                    os.kill(p.pid, signal.SIGINT)
+                except ProcessLookupError:
+                    pass
+            return
+        self._interrupted = now
+        print(f"sojourn: Ctrl-C: suspending the program at its next statement (Ctrl-C again within "
+              f"{INTERRUPT_WINDOW:g} s interrupts it instead)", file=sys.stderr, flush=True)
+        with self._lock:
+            self.pending = {"n": None, "kind": "interrupt", "t": time.monotonic()}
+        self.status_msg = None
+        self._control({"op": "pause", "reason": "interrupt", "deadline": None, "action": "exit",
+                       "on_timeout": "continue"})
+        # Recorded from a thread: a signal handler must not wait on the repository.
+        threading.Thread(target=self._record_request, args=("interrupt", "Ctrl-C"), name="sojourn-interrupt",
+                         daemon=True).start()
+
+    def _record_request(self, kind: str, by: str) -> None:
+        try:
+            self.append({"type": "request", "n": None, "kind": kind, "requested_by": by})
+        except Exception as e:  # the repository hiccuped: the pause itself is asked already
+            print(f"sojourn: supervisor of {self.spec.workspace}: {e}", file=sys.stderr)
 
     # -- the pump: output and status -------------------------------------------------------
 
@@ -538,6 +591,13 @@ class Supervisor:
         return Outcome(reason, state, code, None if self.capsule_msg else rc, detail,
                        cap_entry, ran, max_rss, list(self.refusals))
 
+    def _standing_note(self) -> str:
+        """Where the program cannot go on: what the workspace stays on."""
+        good = self._last_good() or (self.spec.capsule if not self.started else None)
+        if good:
+            return f"; the workspace keeps its last good capsule {good} (`sojourn resume` carries on from it)"
+        return "; there is no earlier capsule to resume from"
+
     def _last_good(self) -> str | None:
         rec = self.store.record(self.spec.workspace, save=False)
         return rec.last_capsule.id if rec.last_capsule else None
@@ -551,10 +611,13 @@ class Supervisor:
             if cap is not None and cap.verified:
                 return "hard-stop", f"{self.hard_stopped}: paused at {cap.where}", EXIT_PAUSED
             why = f"capsule {cap.id} failed its write check: {cap.error}" if cap is not None else "no capsule"
-            return "hard-stop", f"{self.hard_stopped}; {why}", EXIT_PAUSE_FAILED
+            if cap is None and self.refusals:
+                why += f" (the pause was refused: {str(self.refusals[-1].get('message', '')).splitlines()[0]})"
+            return "hard-stop", f"{self.hard_stopped}; {why}{self._standing_note()}", EXIT_PAUSE_FAILED
         if cap is not None:
             if not cap.verified:
-                return "failed", f"capsule {cap.id} failed its write check: {cap.error}", EXIT_PAUSE_FAILED
+                return ("failed", f"capsule {cap.id} failed its write check: {cap.error}{self._standing_note()}",
+                        EXIT_PAUSE_FAILED)
             if oom_reason(cap.reason) or rc == EXIT_OOM:
                 return "oom", f"ran out of memory{limit} at {cap.where}", EXIT_OOM
             if cap.reason == "preempted":
@@ -577,7 +640,8 @@ class Supervisor:
         if rc == 0:
             return "finished", "exit code 0", 0
         if rc == EXIT_PAUSE_FAILED:
-            return "failed", "a pause was required (SIGTERM) but could not be taken before its deadline", rc
+            return ("failed", "a pause was required (SIGTERM) but could not be taken before its deadline"
+                    f"{self._standing_note()}", rc)
         if rc < 0:
             return "failed", f"the session was killed by {_signal_name(-rc)}", 128 - rc
         if em is not None and em.get("error"):
