@@ -13,8 +13,9 @@ a ``stopped`` event that says what happened. Threads:
   by ``sojourn suspend`` from any host), hands them to the session over the control pipe,
   reports what a pending pause waits for, writes log pieces, and checks that this allocation
   still holds the authority (if not, another holder runs the workspace and this copy stops);
-* the main thread waits for the session and forwards signals to it: SIGTERM, SIGUSR1 and
-  SIGINT as they are, SIGHUP as SIGTERM (a closed terminal pauses the program).
+* the main thread waits for the session and forwards signals to it (supsignals.py): SIGTERM
+  and SIGUSR1 as they are, SIGHUP as SIGTERM (a closed terminal pauses the program), Ctrl-C
+  as a pause (twice within 3 s: ``KeyboardInterrupt`` in the program).
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sojourn import notices
-from sojourn.workspace import held
 from sojourn.workspace import records as R
 from sojourn.workspace.capsules import capsule_facts, child_env, verify_capsule
 from sojourn.workspace.files import files_event_of
@@ -41,16 +41,14 @@ from sojourn.workspace.logs import LogWriter, output_base
 from sojourn.workspace.machine import spend
 from sojourn.workspace.output import OutputCallback, OutputFiles
 from sojourn.workspace.store import WorkspaceStore
+from sojourn.workspace.supsignals import FORWARDED, SignalForwarding
+
+__all__ = ["FORWARDED", "Outcome", "SessionSpec", "Supervisor"]
 
 EXIT_PAUSED = 75  # the program paused and its capsule passed the write check
 EXIT_PAUSE_FAILED = 76  # a pause was taken but its capsule failed the check, or none could be taken
 EXIT_OOM = 77  # the program ran out of memory (`sojourn show` says whether a capsule was taken)
 
-FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
-# What the engine does with a signal (execution.pause.PauseConfig.signals): (deadline, at the
-# deadline). Asked over the control pipe while the session has not said it started.
-ENGINE_SIGNALS: dict[int, tuple[float, str]] = {signal.SIGTERM: (30.0, "exit"), signal.SIGUSR1: (120.0, "continue")}
-INTERRUPT_WINDOW = 3.0  # a second Ctrl-C within this many seconds interrupts the program instead
 # How often the pump reads the output files when the status pipe is quiet: every 25 ms while
 # the program writes, backing off to 100 ms while it does not (an idle session costs little).
 TAIL_INTERVAL, TAIL_IDLE = 0.025, 0.1
@@ -97,7 +95,7 @@ def oom_reason(reason: str) -> bool:
     return "oom" in r or "memory" in r
 
 
-class Supervisor:
+class Supervisor(SignalForwarding):
     def __init__(self, store: WorkspaceStore, spec: SessionSpec, *, on_output: OutputCallback | None = None,
                  log_interval: float = 2.0, poll_interval: float | None = None):
         self.store = store
@@ -235,80 +233,6 @@ class Supervisor:
                     pass
         self._ctl_w = self._status_r = None
         self.output.close()
-
-    # -- signals ---------------------------------------------------------------------------
-
-    def _install_signals(self) -> dict[int, Any]:
-        if threading.current_thread() is not threading.main_thread():
-            return {}
-        old: dict[int, Any] = {}
-        for sig in FORWARDED:
-            old[sig] = signal.signal(sig, self._forward)
-        for noted in held.take():  # came while this command started up (held.py)
-            self._forward(noted, None)
-        return old
-
-    def _restore_signals(self, old: dict[int, Any]) -> None:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
-
-    def _forward(self, signum: int, frame: Any) -> None:
-        if self.notices is not None and self.notices.signal(signum):
-            return  # issue 6: a notice (Slurm's --signal, Kubernetes' SIGTERM); _on_notice pauses
-        if signum == signal.SIGINT:
-            self._interrupt()
-            return
-        target = signal.SIGTERM if signum == signal.SIGHUP else signum
-        if signum == signal.SIGHUP:
-            self.on_output = None  # the terminal is gone
-        if not self.started and target in ENGINE_SIGNALS:
-            # The session holds these signals from its first line (held.py) and says
-            # `started` then; before that, one would kill it: ask for the same pause instead.
-            deadline, on_timeout = ENGINE_SIGNALS[target]
-            self._control({"op": "pause", "reason": held.name(target), "deadline": deadline, "action": "exit",
-                           "on_timeout": on_timeout})
-            return
-        p = self.proc
-        if p is not None and p.returncode is None:
-            try:
-                os.kill(p.pid, target)
-            except ProcessLookupError:
-                pass
-
-    def _interrupt(self) -> None:
-        """Ctrl-C in the terminal suspends the program at its next statement; a second one
-        within :data:`INTERRUPT_WINDOW` seconds passes ``KeyboardInterrupt`` to it, as plain
-        Python would (the session's engine then drops the pending pause)."""
-        now = time.monotonic()
-        p = self.proc
-        if self._interrupted is not None and now - self._interrupted <= INTERRUPT_WINDOW:
-            self._interrupted = None
-            with self._lock:
-                self.pending = None
-            print("sojourn: Ctrl-C again: interrupting the program (KeyboardInterrupt)", file=sys.stderr, flush=True)
-            if p is not None and p.returncode is None:
-                try:
-                    os.kill(p.pid, signal.SIGINT)
-                except ProcessLookupError:
-                    pass
-            return
-        self._interrupted = now
-        print(f"sojourn: Ctrl-C: suspending the program at its next statement (Ctrl-C again within "
-              f"{INTERRUPT_WINDOW:g} s interrupts it instead)", file=sys.stderr, flush=True)
-        with self._lock:
-            self.pending = {"n": None, "kind": "interrupt", "t": time.monotonic()}
-        self.status_msg = None
-        self._control({"op": "pause", "reason": "interrupt", "deadline": None, "action": "exit",
-                       "on_timeout": "continue"})
-        # Recorded from a thread: a signal handler must not wait on the repository.
-        threading.Thread(target=self._record_request, args=("interrupt", "Ctrl-C"), name="sojourn-interrupt",
-                         daemon=True).start()
-
-    def _record_request(self, kind: str, by: str) -> None:
-        try:
-            self.append({"type": "request", "n": None, "kind": kind, "requested_by": by})
-        except Exception as e:  # the repository hiccuped: the pause itself is asked already
-            print(f"sojourn: supervisor of {self.spec.workspace}: {e}", file=sys.stderr)
 
     # -- the pump: output and status -------------------------------------------------------
 
