@@ -219,3 +219,52 @@ def test_sigterm_during_start_up_is_a_pause_request_not_a_kill(sh: Shell, tmp_pa
     assert res.returncode == 0, res.stderr
     # It paused at its first statement boundary, or once it was waiting for the file.
     assert before + out + res.stdout == "program-ready\nreleased\n"
+
+
+# Suspended once while it waits for `release` (a good capsule), then, resumed, it makes the
+# object whose capsule fails the write check and waits for `release2`.
+LATER_BAD = """
+import os, time
+class Loaded:
+    def __init__(self):
+        self.n = 3
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self.loaded = True
+print("program-ready", flush=True)
+while not os.path.exists("release"):
+    time.sleep(0.01)
+cache = {"a": Loaded()}
+print("made the cache", flush=True)
+while not os.path.exists("release2"):
+    time.sleep(0.01)
+print("done", flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_hard_stop_whose_capsule_fails_its_check_keeps_the_last_good_capsule(sh: Shell) -> None:
+    """Where the program cannot go on (the allocation's time is up), the stop says so and the
+    workspace stays on its last good capsule, which resumes."""
+    sh.write("later.py", LATER_BAD, prelude=False)
+    run = sh.start("run", "later.py")
+    ws = sh.workspace_of(run)
+    assert sh.read_lines(run, 1) == ["program-ready\n"]
+    sus = sh.cli("suspend", ws)
+    assert sus.returncode == 0, sus.stderr
+    good = sus.stdout.strip()
+    assert finish(run)[0] == 75
+    (sh.dir / "release").write_text("")
+    res = sh.cli("resume", ws, "--max-duration", "2s", env={"SOJOURN_HARD_STOP_GRACE": "10"}, timeout=60)
+    assert res.returncode == 76, res.stderr
+    assert res.stdout == "made the cache\n"
+    rec = sh.show(ws)
+    assert rec["stop_reason"] == "hard-stop" and rec["state"] == "failed", rec["detail"]
+    assert "failed its write check" in rec["detail"] and "'cache'" in rec["detail"], rec["detail"]
+    assert "the session was stopped" in rec["detail"]  # at once, not after the 10 s grace
+    assert f"keeps its last good capsule {good}" in rec["detail"], rec["detail"]
+    assert rec["last_capsule"]["id"] == good
+    (sh.dir / "release2").write_text("")
+    again = sh.cli("resume", ws)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == "made the cache\ndone\n"

@@ -321,6 +321,8 @@ class Supervisor(SignalForwarding):
                 self.append({"type": "capsule", "capsule": entry.__dict__})
             self.append({"type": "refused", "reason": msg.get("reason"), "message": msg.get("message"),
                          "problems": msg.get("problems", [])})
+            if self.hard_stopped is not None and msg.get("reason") == "hard-stop":
+                self._end_hard_stop("the session was stopped")  # refused: no use waiting for the grace
         elif kind == "edited":
             self.append({"type": "edited", "capsule": msg.get("capsule"), "files": msg.get("files", [])})
         elif kind == "status":
@@ -421,7 +423,15 @@ class Supervisor(SignalForwarding):
                        "on_timeout": "exit"})
         if self._done.wait(2 * grace + 5.0):
             return
-        self.hard_stopped += f"; no pause could be taken within {grace:g} s, so the session was killed"
+        self._end_hard_stop(f"no pause could be taken within {grace:g} s, so the session was killed")
+
+    def _end_hard_stop(self, why: str) -> None:
+        """The allocation's time is up and the program cannot pause: end it (the workspace
+        keeps its last good capsule, which the stop's detail names)."""
+        with self._lock:
+            if self.hard_stopped is None or "the session was" in self.hard_stopped:
+                return
+            self.hard_stopped += f"; {why}"
         p = self.proc
         if p is not None and p.returncode is None:
             try:
