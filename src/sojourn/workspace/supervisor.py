@@ -546,7 +546,7 @@ class Supervisor(SignalForwarding):
                 return "hard-stop", f"{self.hard_stopped}: paused at {cap.where}", EXIT_PAUSED
             why = f"capsule {cap.id} failed its write check: {cap.error}" if cap is not None else "no capsule"
             if cap is None and self.refusals:
-                why += f" (the pause was refused: {str(self.refusals[-1].get('message', '')).splitlines()[0]})"
+                why += f" (the pause was refused: {_refusal_line(self.refusals[-1])})"
             return "hard-stop", f"{self.hard_stopped}; {why}{self._standing_note()}", EXIT_PAUSE_FAILED
         if cap is not None:
             if not cap.verified:
@@ -590,6 +590,19 @@ class Supervisor(SignalForwarding):
                      "exit_code": None, "state": state, "capsule": standing, "ran": False})
         self.store.record(s.workspace)
         return Outcome("failed", state, 2, None, why, None, False)
+
+
+def _refusal_line(msg: dict[str, Any]) -> str:
+    """A refusal in one line: its message's first line and, when that only announces a list,
+    the first object's path and reason."""
+    lines = str(msg.get("message", "")).splitlines()
+    line = lines[0] if lines else "refused"
+    problems = msg.get("problems") or []
+    if problems and (line.endswith(":") or len(lines) == 1):
+        p = problems[0]
+        more = f" and {len(problems) - 1} more" if len(problems) > 1 else ""
+        line = f"{line.rstrip(':')}: {p.get('path')} ({p.get('reason')}){more}"
+    return line
 
 
 def hard_stop_grace() -> float:
