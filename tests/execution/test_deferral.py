@@ -84,3 +84,21 @@ def test_a_deferred_sigterm_pause_lands_when_the_library_returns_with_no_stateme
     script = runner.write("last.py", WORK + "results = list(map(work, range(20)))\n")
     seg = runner.segment(sys.executable, ["run", str(script)], env={"KILLS": "go"})
     assert seg.returncode in (0, EXIT_PAUSED), seg.stderr
+
+
+def test_at_the_deadline_the_refusal_says_which_call_of_the_program_had_not_returned(runner: Runner) -> None:
+    script = runner.write("late.py", """
+        import json, time
+        def default(o):
+            kill_here("go", _signal.SIGUSR1)
+            time.sleep(0.002)
+            return 0
+        out = json.dumps([object()] * 1500, default=default)
+        print(len(out))
+    """)
+    seg = runner.segment(sys.executable, ["run", str(script)], env={"KILLS": "go"}, opts=("--deadline", "0.5"))
+    assert seg.returncode == 0, seg.stderr  # SIGUSR1: given up at the deadline, the program runs on
+    assert seg.stdout == runner.plain(script).stdout
+    line = next(ln for ln in seg.stderr.splitlines() if "could not pause within 0.5 s (SIGUSR1)" in ln)
+    assert "the program was still inside dumps()" in line and "late.py:" in line, line
+    assert "the program keeps running" in line

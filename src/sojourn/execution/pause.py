@@ -221,7 +221,7 @@ class PauseController:
         with self.lock:
             if req.done.is_set():
                 return
-            why = req.last_deferral or self.where_main()
+            why = self._barrier_words(req) or req.last_deferral or self.where_main()
             msg = f"could not pause within {req.deadline:g} s ({req.reason}): {why}"
             req.done.set()
             self.rt.set_flag(False)
@@ -232,6 +232,24 @@ class PauseController:
                 os._exit(EXIT_PAUSE_FAILED)
             self._log(f"{msg}; the program keeps running")
             self._refused(PauseRefusal(req.reason, msg))
+
+    def _barrier_words(self, req: _Request) -> str | None:
+        """What a deferred pause still waited for at its deadline, in the program's terms:
+        the call of the program's own code that had not returned."""
+        b = req.barrier
+        if b is None or not self._holds(req, sys._current_frames().get(self.main_thread or 0)):
+            return None
+        if req.lasti is not None:  # the program's frame, waiting in a call made for it by other code
+            return (f"the program was still in the call at {b.f_code.co_filename}:{b.f_lineno} "
+                    f"(in {b.f_code.co_qualname}), through library or C code (map(), sorted(key=...), a "
+                    "comprehension...), which had not returned; a pause lands only at the program's own statements")
+        caller = b.f_back
+        while caller is not None and self.rt.scope_of(caller.f_code) is None:
+            caller = caller.f_back
+        at = f", called from {caller.f_code.co_filename}:{caller.f_lineno}" if caller is not None else ""
+        what = "a comprehension" if b.f_code.co_name.startswith("<") else f"{b.f_code.co_qualname}()"
+        return (f"the program was still inside {what} ({b.f_code.co_filename}:{b.f_lineno}){at}, which had "
+                "not returned; a pause lands only at the program's own statements")
 
     def where_main(self) -> str:
         frame = sys._current_frames().get(self.main_thread or 0)
