@@ -132,6 +132,7 @@ class Supervisor(SignalForwarding):
         self.held_started: dict[str, Any] | None = None
         self.background: list[threading.Thread] = []  # write checks of checkpoints (checkpoints.py)
         self._interrupted: float | None = None  # when the last Ctrl-C asked for a pause (monotonic)
+        self._pump_errors = 0
 
     # -- events ----------------------------------------------------------------------------
 
@@ -269,14 +270,26 @@ class Supervisor(SignalForwarding):
             status_buf += data
             while b"\n" in status_buf:
                 line, status_buf = status_buf.split(b"\n", 1)
-                self._status(line)
+                try:
+                    self._status(line)
+                except Exception as e:  # an event that could not be recorded must not stop the pump
+                    self._pump_error(e)
         self._tail()  # what the session wrote last, before its status pipe ended
 
     def _tail(self) -> int:
-        got, echoing = self.output.read(self.log, self.on_output)
+        try:
+            got, echoing = self.output.read(self.log, self.on_output)
+        except Exception as e:  # the repository hiccuped: keep pumping (the files keep the output)
+            self._pump_error(e)
+            return 0
         if not echoing:
             self.on_output = None
         return got
+
+    def _pump_error(self, e: Exception) -> None:
+        self._pump_errors += 1
+        if self._pump_errors % 50 == 1:
+            print(f"sojourn: supervisor of {self.spec.workspace}: {type(e).__name__}: {e}", file=sys.stderr)
 
     def _status(self, line: bytes) -> None:
         try:
