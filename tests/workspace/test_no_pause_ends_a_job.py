@@ -268,3 +268,23 @@ def test_a_hard_stop_whose_capsule_fails_its_check_keeps_the_last_good_capsule(s
     again = sh.cli("resume", ws)
     assert again.returncode == 0, again.stderr
     assert again.stdout == "made the cache\ndone\n"
+
+
+def test_a_preemption_notice_whose_capsule_fails_its_check_lets_the_program_run_on(sh: Shell) -> None:
+    """Kubernetes' SIGTERM to `sojourn run` (PID 1 in a pod) is a notice: the same answer as a
+    suspend, a refusal recorded with the failed capsule, and the program goes on."""
+    sh.write("held.py", HELD, prelude=False)
+    env = {"SOJOURN_NOTICES": "kubernetes", "KUBERNETES_SERVICE_HOST": "10.96.0.1"}
+    run = sh.start("run", "held.py", env=env)
+    ws = sh.workspace_of(run)
+    assert sh.read_lines(run, 1) == ["waiting\n"]
+    kill(run.pid, signal.SIGTERM)
+    rec = wait_for(lambda: (r := sh.show(ws))["refusals"] == 1 and r, 60, "the refusal")
+    assert rec["state"] == "running" and run.poll() is None
+    refused = [e for e in rec["events"] if e["type"] == "refused"]
+    assert refused[0]["reason"] == "preempted" and "'cache'" in refused[0]["message"]
+    (sh.dir / "release").write_text("")
+    code, out, err = finish(run)
+    assert code == 0, err
+    assert out == "released 3\n" and "preemption notice" in err
+    assert sh.show(ws)["state"] == "finished"
