@@ -288,3 +288,46 @@ def test_a_preemption_notice_whose_capsule_fails_its_check_lets_the_program_run_
     assert code == 0, err
     assert out == "released 3\n" and "preemption notice" in err
     assert sh.show(ws)["state"] == "finished"
+
+
+def test_an_out_of_memory_capsule_that_fails_its_check_keeps_the_last_good_capsule(sh: Shell) -> None:
+    """Out of memory, the program cannot go on: its capsule is checked after the exit; one
+    that fails is recorded as failed, the stop says so, and the workspace stays on its last
+    good capsule, which resumes (with more memory)."""
+    sh.write("grow.py", """
+        import os, time
+        class Loaded:
+            def __init__(self):
+                self.n = 3
+            def __setstate__(self, state):
+                self.__dict__.update(state)
+                self.loaded = True
+        print("program-ready", flush=True)
+        while not os.path.exists("release"):
+            time.sleep(0.01)
+        cache = {"a": Loaded()}
+        blocks = []
+        for i in range(3):
+            print("grow", i, flush=True)
+            blocks.append(bytearray((600 if i == 1 and not os.path.exists("roomy") else 10) << 20))
+        print("done", len(blocks))
+    """, prelude=False)
+    run = sh.start("run", "grow.py")
+    ws = sh.workspace_of(run)
+    assert sh.read_lines(run, 1) == ["program-ready\n"]
+    sus = sh.cli("suspend", ws)
+    assert sus.returncode == 0, sus.stderr
+    good = sus.stdout.strip()
+    assert finish(run)[0] == 75
+    (sh.dir / "release").write_text("")
+    res = sh.cli("resume", ws, "--memory", "300MiB")
+    assert res.returncode == 76, res.stderr
+    rec = sh.show(ws)
+    assert "failed its write check" in rec["detail"] and f"keeps its last good capsule {good}" in rec["detail"], \
+        rec["detail"]
+    assert rec["last_capsule"]["id"] == good
+    assert [c["verified"] for c in rec["capsules"]] == [True, False]
+    (sh.dir / "roomy").write_text("")
+    again = sh.cli("resume", ws)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == "grow 0\ngrow 1\ngrow 2\ndone 3\n"
