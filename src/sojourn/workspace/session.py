@@ -244,6 +244,14 @@ class Channel:
         from sojourn.workspace.capsules import verify_capsule
 
         timeout = 600.0 if left is None else max(0.5, left - 1.0)
+        if self.ns.files:
+            # The capsule carries the directory's files: the check restores them, so it runs in
+            # a scratch folder, not over the program's own (as checkpoints.py does).
+            import tempfile
+
+            with tempfile.TemporaryDirectory(prefix="sojourn-check-") as tmp:
+                return verify_capsule(self.ns.repo, capsule, python=sys.executable, cwd=tmp, timeout=timeout,
+                                      raise_timeout=True)
         return verify_capsule(self.ns.repo, capsule, python=sys.executable, cwd=self.cwd, timeout=timeout,
                               raise_timeout=True)
 
