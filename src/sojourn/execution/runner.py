@@ -84,10 +84,11 @@ def _prepare(script: Path, argv: Sequence[str]) -> types.ModuleType:
 def _config(repo: Any, on_capsule: Callable[[pause.PauseEvent], None] | None,
             on_refusal: Callable[[pause.PauseRefusal], None] | None, parent: str | None,
             files: str | None, labels: dict[str, Any] | None, signals: dict[int, tuple[str, float | None, str]] | None,
-            scan_interval: float | None, on_oom: Callable[[BaseException], None] | None) -> pause.PauseConfig:
+            scan_interval: float | None, on_oom: Callable[[BaseException], None] | None,
+            verify: Callable[[str, float | None], str | None] | None = None) -> pause.PauseConfig:
     cfg = pause.PauseConfig(repo=repo, files=files, parent=parent, labels=dict(labels or {}),
                             on_capsule=on_capsule, on_refusal=on_refusal, scan_interval=scan_interval,
-                            on_oom=on_oom)
+                            on_oom=on_oom, verify=verify)
     if signals is not None:
         cfg.signals = dict(signals)
     return cfg
@@ -116,6 +117,7 @@ def run_script(
     signals: dict[int, tuple[str, float | None, str]] | None = None,
     scan_interval: float | None = 600.0,
     on_oom: Callable[[BaseException], None] | None = None,
+    verify: Callable[[str, float | None], str | None] | None = None,
 ) -> int:
     """Run the script at ``path`` with ``argv`` as ``__main__`` in this process.
 
@@ -125,13 +127,16 @@ def run_script(
     When an out-of-memory error escapes a statement inside a loop of the program,
     ``on_oom(error)`` is called (make room for the capture), a capsule positioned before that
     statement goes to ``on_capsule`` (reason ``"oom"``), and the process exits with
-    :data:`~sojourn.execution.oom.EXIT_OOM`.
+    :data:`~sojourn.execution.oom.EXIT_OOM`. With ``verify`` (``PauseConfig.verify``), a
+    capsule that would end the process is checked first, while the program waits; one that
+    fails is refused and the program carries on.
     """
     script = Path(path).resolve()
     source = _read_source(script)
     main = _prepare(script, [str(path), *argv])
     tm = RUNTIME.load(source, "__main__", str(script), main.__dict__)
-    ctl = pause.start(_config(repo, on_capsule, on_refusal, parent, files, labels, signals, scan_interval, on_oom))
+    ctl = pause.start(_config(repo, on_capsule, on_refusal, parent, files, labels, signals, scan_interval, on_oom,
+                              verify))
     ctl.enabled = True
     _run(ctl, tm.code, main.__dict__)
     return 0
@@ -228,6 +233,7 @@ def resume(
     files: str | None = None,
     before_run: Callable[[], None] | None = None,
     on_edit: Callable[[list[dict[str, Any]]], None] | None = None,
+    verify: Callable[[str, float | None], str | None] | None = None,
 ) -> Any:
     """Carry on, in this (fresh) process, the program paused in capsule ``capsule_id``.
 
@@ -275,7 +281,7 @@ def resume(
         ctl = None
         if run:  # signals that arrive while the capsule loads are held until the program runs
             ctl = pause.start(_config(repo, on_capsule, on_refusal, manifest.id, files, labels, signals, scan_interval,
-                                      on_oom))
+                                      on_oom, verify))
         _program_path(info, script)
         _import_again(imports_code(tm, int(info["main_top"])), main.__dict__)
         t_defs = time.perf_counter()
