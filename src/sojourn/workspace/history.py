@@ -21,7 +21,7 @@ from sojourn.workspace.authority import reap
 from sojourn.workspace.capsules import capsule_facts, verify_capsule
 from sojourn.workspace.errors import WorkspaceError
 from sojourn.workspace.liveness import me
-from sojourn.workspace.store import KIND, WorkspaceStore, event_name
+from sojourn.workspace.store import WorkspaceStore
 
 LABEL = "sojourn.workspace"  # what session.py writes: {workspace, allocation, epoch}
 EXECUTION_LABEL = "sojourn.execution"  # the engine's: reason, where, argv...
@@ -101,13 +101,10 @@ class Inventory:
         return out
 
     def _first_event(self, ws: str) -> dict[str, Any] | None:
-        import json
-
         try:
-            doc = json.loads(self.store.backend.load(KIND, event_name(ws, 1)))
-        except (ObjectNotFound, ValueError):
+            return self.store.event(ws, 1)
+        except WorkspaceError:
             return None
-        return doc if isinstance(doc, dict) else None
 
     # capsules --------------------------------------------------------------------------------
 

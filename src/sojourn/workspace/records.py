@@ -17,9 +17,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from sojourn.workspace.signing import link_of
+
 STATES = ("running", "suspended", "finished", "failed")
 STOP_REASONS = ("finished", "suspended", "moved", "preempted", "oom", "hard-stop", "failed")
-RECORD_FORMAT = 1
+RECORD_FORMAT = 2  # 1: unsigned records (read, flagged); 2: signed and chained (docs/records-format.md)
 
 
 def new_id(prefix: str) -> str:
@@ -124,6 +126,12 @@ class WorkspaceRecord:
     refusals: int = 0
     upto: int = 0  # sequence number of the last event folded in
     files: dict[str, Any] | None = None  # the file manifest: the last `files` event (workspace/files.py)
+    # Authentication (store.py, signing.py): the chain link of the last record folded in,
+    # whether a signed one came (every later one must be), and how many were unsigned
+    # (format 1: read and shown, never trusted to choose an interpreter or a capsule).
+    head: str = field(default="", compare=False)
+    signed: bool = False
+    unsigned: int = 0
 
     @property
     def current(self) -> Allocation | None:
@@ -202,6 +210,9 @@ def initial(meta: dict[str, Any]) -> WorkspaceRecord:
         command=Command(**meta["command"]),
         updated=float(meta["created"]),
         taker=meta.get("creator"),
+        head=link_of(meta),
+        signed="mac" in meta,
+        unsigned=0 if "mac" in meta else 1,
     )
 
 
