@@ -66,6 +66,18 @@ def _optional(value: Any, parse: Any) -> Any:
     return None if isinstance(value, str) and value.strip().lower() == UNSET else parse(value)
 
 
+def _say_dropped(names: list[str]) -> None:
+    if names:
+        import warnings
+
+        from sojourn.errors import SojournWarning
+
+        warnings.warn(SojournWarning(
+            f"machines.toml was not signed with the repository key, so the interpreter of {', '.join(names)} was left "
+            "out of the signed config; set it again with `sojourn machines set NAME --python PATH` if it is yours"),
+            stacklevel=3)
+
+
 def set_machine(
     name: str,
     *,
@@ -110,8 +122,10 @@ def set_machine(
             m.price_per_hour = float(price_per_hour)
         if max_duration is not None:
             m.max_duration = _optional(max_duration, parse_duration)
+        if python is not None:
+            m.trusted = True  # its interpreter is the one the owner (who holds the key) gave just now
         found[name] = m
-        save_machines(r, found)
+        _say_dropped(save_machines(r, found))
     return _info(m, True)
 
 
@@ -122,7 +136,7 @@ def remove_machine(name: str, *, repo: PathLike | None = None) -> None:
         get_machine(r, name)  # a clear error for an unknown name
         found = load_machines(r)
         del found[name]
-        save_machines(r, found)
+        _say_dropped(save_machines(r, found))
 
 
 def machine_for(r: Repository, name: str, max_duration: float | None = None) -> tuple[MachineSpec, Offer]:

@@ -32,7 +32,7 @@ import shutil
 import subprocess
 import sys
 import tomllib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from sojourn.errors import ObjectNotFound, SojournError
@@ -40,6 +40,7 @@ from sojourn.providers.base import ProviderError
 from sojourn.repository.repo import Repository
 from sojourn.workspace.machine import MachineSpec, format_duration, parse_duration
 from sojourn.workspace.sessions import parse_size
+from sojourn.workspace.signing import RecordKey, config_signed, sign_config
 
 CONFIG_KIND = "config"
 CONFIG_NAME = "machines.toml"
@@ -63,9 +64,15 @@ class Machine:
     python: str | None = None  # a command or a path; None: this interpreter
     price_per_hour: float = 0.0
     max_duration: float | None = None  # seconds
+    # Whether the config it came from is signed with the repository key: an unsigned one
+    # (edited by hand, by an older sojourn, or by someone without the key) names no
+    # interpreter that sojourn runs (docs/threat-model.md).
+    trusted: bool = field(default=True, compare=False)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        d.pop("trusted")
+        return d
 
 
 @dataclass
@@ -165,23 +172,35 @@ def default_machines() -> dict[str, Machine]:
 
 
 def load_machines(repo: Repository) -> dict[str, Machine]:
-    """The configured machines; without a config, the default ``local`` one."""
+    """The configured machines; without a config, the default ``local`` one. Machines of a
+    config that is not signed with the repository key are marked untrusted."""
     try:
         raw = repo.backend.load(CONFIG_KIND, CONFIG_NAME)
     except ObjectNotFound:
         return default_machines()
-    return parse_config(raw.decode("utf-8", errors="replace"))
+    text = raw.decode("utf-8", errors="replace")
+    found = parse_config(text)
+    if not config_signed(RecordKey(repo.key, repo.id), CONFIG_NAME, text):
+        for m in found.values():
+            m.trusted = False
+    return found
 
 
 def has_config(repo: Repository) -> bool:
     return repo.backend.stat(CONFIG_KIND, CONFIG_NAME) is not None
 
 
-def save_machines(repo: Repository, machines: dict[str, Machine]) -> None:
-    text = render_config(machines)
+def save_machines(repo: Repository, machines: dict[str, Machine]) -> list[str]:
+    """Write the config, signed with the repository key. The interpreter of a machine read
+    from an unsigned config is left out (signing it would vouch for what someone without the
+    key may have written): the names of those machines are returned, to be said."""
+    dropped = [n for n, m in sorted(machines.items()) if not m.trusted and m.python is not None]
+    clean = {n: (Machine(**{**m.to_json(), "python": None}) if n in dropped else m) for n, m in machines.items()}
+    text = sign_config(RecordKey(repo.key, repo.id), CONFIG_NAME, render_config(clean))
     parse_config(text)  # what we write must read back
     repo.backend.save(CONFIG_KIND, CONFIG_NAME, text.encode())
     repo.backend.flush()
+    return dropped
 
 
 def get_machine(repo: Repository, name: str) -> Machine:
@@ -219,6 +238,11 @@ def resolve_python(python: str | None) -> Interpreter:
 def machine_spec(m: Machine, *, max_duration: float | None = None, offer: dict[str, Any] | None = None) -> MachineSpec:
     """What the workspace layer needs to run a session on ``m`` (its Python resolved);
     ``max_duration`` overrides the machine's default hard stop."""
+    if not m.trusted and m.python is not None:
+        raise MachineError(
+            f"machine {m.name!r} names the interpreter {m.python!r} in the repository's {CONFIG_NAME}, which is not "
+            "signed with the repository key (edited by hand, written by an older sojourn, or by someone without the "
+            f"key): it was not run. Check it, then `sojourn machines set {m.name} --python PATH` signs the config")
     interp = resolve_python(m.python)
     if interp.path is None or interp.error:
         raise MachineError(f"machine {m.name!r}: {interp.error}; fix it with `sojourn machines set {m.name} "

@@ -17,7 +17,7 @@ from typing import Any
 
 from sojourn.capsule import format as fmt
 from sojourn.workspace import records as R
-from sojourn.workspace.capsules import capsule_facts, verify_capsule
+from sojourn.workspace.capsules import capsule_facts, record_python, verify_capsule
 from sojourn.workspace.errors import AuthorityLost, WorkspaceError
 from sojourn.workspace.liveness import alive, boot_id, gone, hostname, me
 from sojourn.workspace.store import WorkspaceStore
@@ -145,7 +145,7 @@ def _recovered(store: WorkspaceStore, rec: R.WorkspaceRecord, a: R.Allocation, m
     supervisor would have."""
     info = m.labels.get(EXECUTION_LABEL)
     info = info if isinstance(info, dict) else {}
-    python = a.python if a.python and os.access(a.python, os.X_OK) else sys.executable
+    python = record_python(rec, a)
     cwd = next((d for d in (a.scratch, rec.command.cwd) if d and os.path.isdir(d)), os.getcwd())
     error = verify_capsule(store.repo.url, m.id, python=python, cwd=cwd)
     entry = R.CapsuleEntry(id=m.id, parent=m.parent, reason=str(info.get("reason", "")), where=str(info.get("where", "")),

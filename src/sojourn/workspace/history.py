@@ -18,7 +18,7 @@ from sojourn.errors import IntegrityError, ObjectNotFound
 from sojourn.repository.locks import capture_lock
 from sojourn.workspace import records as R
 from sojourn.workspace.authority import reap
-from sojourn.workspace.capsules import capsule_facts, verify_capsule
+from sojourn.workspace.capsules import capsule_facts, record_python, verify_capsule
 from sojourn.workspace.errors import WorkspaceError
 from sojourn.workspace.liveness import me
 from sojourn.workspace.store import WorkspaceStore
@@ -244,7 +244,7 @@ def _fork_capsule(inv: Inventory, rec: R.WorkspaceRecord, capsule: str | None) -
         raise WorkspaceError(f"capsule {cap} holds a namespace, not a paused program; it cannot be resumed")
     # A checkpoint the program took and carried on from has had no write check yet: run it,
     # so that the fork, like every workspace, stands on a capsule that passed one.
-    python = next((a.python for a in reversed(rec.allocations) if a.python), rec.command.python)
+    python = record_python(rec)
     error = verify_capsule(inv.repo.url, cap, python=python, cwd=rec.command.cwd)
     if error is not None:
         raise WorkspaceError(f"capsule {cap} failed its write check: {error}")

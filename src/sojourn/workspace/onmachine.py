@@ -87,12 +87,13 @@ def prepare_resume(store: WorkspaceStore, ref: str, *, machine: MachineSpec) -> 
     ``machine``. Its files come from the capsule it resumes from; a capsule written without
     files (a run not on a machine) takes the workspace's last snapshot, or a new one of its
     directory."""
-    from sojourn.workspace.sessions import check_resumable
+    from sojourn.workspace.sessions import check_capsule, check_resumable
 
     _check_repo(store)
     ws = store.resolve(ref)
     rec = reap(store, store.record(ws), by="sojourn resume")
     check_resumable(rec)
+    check_capsule(store, rec)
     assert rec.last_capsule is not None
     snap = None
     if files.source_for_resume(store.repo, rec, rec.last_capsule.id) is None:
