@@ -42,9 +42,9 @@ class MachineInfo:
 
 
 def _info(m: Machine, configured: bool) -> MachineInfo:
-    from sojourn.providers.machines import resolve_python
+    from sojourn.providers.machines import machine_interpreter
 
-    interp = resolve_python(m.python)
+    interp = machine_interpreter(m)
     return MachineInfo(m.name, m.provider, m.cpus, m.memory, m.python, interp.path, interp.version, interp.error,
                        m.price_per_hour, m.max_duration, configured)
 

@@ -235,15 +235,21 @@ def resolve_python(python: str | None) -> Interpreter:
     return Interpreter(path, out.stdout.strip())
 
 
+def machine_interpreter(m: Machine) -> Interpreter:
+    """:func:`resolve_python` of the machine's interpreter, unless the config that names it is
+    not signed: then it is neither run nor used (it may be anyone's script)."""
+    if not m.trusted and m.python is not None:
+        return Interpreter(None, None, (
+            f"the interpreter {m.python!r} comes from the repository's {CONFIG_NAME}, which is not signed with the "
+            "repository key (edited by hand, written by an older sojourn, or by someone without the key): it was not "
+            "run. Check it, then `sojourn machines set NAME --python PATH` signs the config"))
+    return resolve_python(m.python)
+
+
 def machine_spec(m: Machine, *, max_duration: float | None = None, offer: dict[str, Any] | None = None) -> MachineSpec:
     """What the workspace layer needs to run a session on ``m`` (its Python resolved);
     ``max_duration`` overrides the machine's default hard stop."""
-    if not m.trusted and m.python is not None:
-        raise MachineError(
-            f"machine {m.name!r} names the interpreter {m.python!r} in the repository's {CONFIG_NAME}, which is not "
-            "signed with the repository key (edited by hand, written by an older sojourn, or by someone without the "
-            f"key): it was not run. Check it, then `sojourn machines set {m.name} --python PATH` signs the config")
-    interp = resolve_python(m.python)
+    interp = machine_interpreter(m)
     if interp.path is None or interp.error:
         raise MachineError(f"machine {m.name!r}: {interp.error}; fix it with `sojourn machines set {m.name} "
                            "--python PATH`")
