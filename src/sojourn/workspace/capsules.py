@@ -15,8 +15,14 @@ def child_env() -> dict[str, str]:
     """The environment for a sojourn child process: a source checkout of sojourn stays
     importable (an installed one is found by the interpreter itself; putting its
     site-packages on another interpreter's path would load extensions built for the wrong
-    Python)."""
+    Python). The repositories this process works in are pinned in the child too
+    (``repository.repo.pin``): a session never writes into a new repository at their URL."""
+    from sojourn.repository.repo import PIN_ENV, pins
+
     env = dict(os.environ)
+    known = pins()
+    if known:  # the child works in the same repositories as this process, never a new one there
+        env[PIN_ENV] = json.dumps(known, sort_keys=True)
     src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     if "site-packages" not in src and "dist-packages" not in src:
         env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")

@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from sojourn.errors import AlreadyExists, ObjectNotFound, RepositoryError
-from sojourn.repository.repo import Repository
+from sojourn.repository.repo import Repository, pin
 from sojourn.workspace import records as R
 from sojourn.workspace.errors import AuthorityLost, WorkspaceError, WorkspaceNotFound
 from sojourn.workspace.signing import (
@@ -92,6 +92,9 @@ class WorkspaceStore:
     race is settled by the backend's exclusive create."""
 
     def __init__(self, repo: Repository):
+        # A process that works in a workspace works in this repository and no other one that
+        # may appear at its URL (repo.pin): its sessions never create a repository.
+        pin(repo)
         self.repo = repo
         self.backend = repo.backend
         self.key = RecordKey(repo.key, repo.id)
