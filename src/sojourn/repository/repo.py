@@ -175,7 +175,10 @@ def _pin_key(url: str) -> str:
 
 
 def pin(repo: Repository) -> None:
-    """Expect ``repo``'s id wherever this process (and its sojourn children) opens its URL."""
+    """Expect ``repo``'s id wherever this process (and its sojourn children) opens its URL.
+    (A ``memory://`` repository lives in this process alone, and nothing can unmount it.)"""
+    if repo.url.startswith("memory://"):
+        return
     key = _pin_key(repo.url)
     _PINS.pop(key, None)
     _PINS[key] = repo.id

@@ -16,6 +16,7 @@ from typing import Any
 from sojourn.capsule import format as fmt
 from sojourn.errors import IntegrityError, ObjectNotFound
 from sojourn.repository.locks import capture_lock
+from sojourn.workspace import events as E
 from sojourn.workspace import records as R
 from sojourn.workspace.authority import reap
 from sojourn.workspace.capsules import capsule_facts, record_python, verify_capsule
@@ -205,9 +206,8 @@ def fork(store: WorkspaceStore, ref: str, *, name: str | None = None, capsule: s
                      {"type": "created", "name": meta["name"], "command": meta["command"], "forked_from": origin},
                      {"type": "capsule", "capsule": asdict(fork_entry), "forked_from": origin,
                       "distributions": facts.get("distributions"), "arch": facts.get("arch")},
-                     {"type": "stopped", "allocation": None, "reason": "suspended", "state": "suspended",
-                      "capsule": entry.id, "exit_code": None, "ran": False,
-                      "detail": f"forked from {rec.name} ({src}) at {entry.id}"})
+                     E.stop(None, "suspended", f"forked from {rec.name} ({src}) at {entry.id}", standing=entry.id,
+                            ran=False))
     store.record(new)
     try:  # a note in the source's log, for `sojourn show`; the fork's own log is the truth
         store.append(src, rec.epoch, "fork", {"type": "note", "message": f"forked into {meta['name']} ({new}) at "

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from sojourn.errors import SojournError
+from sojourn.workspace import events as E
 from sojourn.workspace import files
 from sojourn.workspace import records as R
 from sojourn.workspace.authority import reap, take
@@ -165,9 +166,7 @@ def abandon(store: WorkspaceStore, p: Prepared, why: str) -> None:
     it was, on the capsule it would have resumed from."""
     rec = store.record(p.workspace, save=False)
     standing = p.capsule or (rec.last_capsule.id if rec.last_capsule else None)
-    store.append(p.workspace, p.epoch, p.allocation,
-                 {"type": "stopped", "allocation": p.allocation, "reason": "failed", "detail": why, "exit_code": None,
-                  "state": R.state_after_stop("failed", standing, ran=False), "capsule": standing, "ran": False})
+    store.append(p.workspace, p.epoch, p.allocation, E.stop(p.allocation, "failed", why, standing=standing, ran=False))
     store.record(p.workspace)
 
 

@@ -38,6 +38,7 @@ from sojourn.errors import AlreadyExists, ObjectNotFound, RepositoryError
 from sojourn.repository.repo import Repository, pin
 from sojourn.workspace import records as R
 from sojourn.workspace.errors import AuthorityLost, WorkspaceError, WorkspaceNotFound
+from sojourn.workspace.events import Event
 from sojourn.workspace.signing import (
     EVENT_DOMAIN,
     META_DOMAIN,
@@ -192,7 +193,7 @@ class WorkspaceStore:
 
     # -- events ----------------------------------------------------------------------------
 
-    def append(self, ws: str, epoch: int, by: str, *events: dict[str, Any]) -> list[int]:
+    def append(self, ws: str, epoch: int, by: str, *events: dict[str, Any] | Event) -> list[int]:
         """Append events fenced by ``epoch`` (an event of a stale epoch is kept but void).
 
         Safe under concurrent writers: each event is an exclusive create of the next free
@@ -205,7 +206,7 @@ class WorkspaceStore:
                 head = self._probe_head(ws)
             seq, link, signed = head
             for ev in events:
-                body = ev.to_json() if hasattr(ev, "to_json") else dict(ev)
+                body = ev.to_json() if isinstance(ev, Event) else dict(ev)
                 while True:
                     seq += 1
                     doc = dict(body)

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sojourn import notices
+from sojourn.workspace import events as E
 from sojourn.workspace import records as R
 from sojourn.workspace.capsules import capsule_facts, child_env, verify_capsule
 from sojourn.workspace.files import files_event_of
@@ -87,9 +88,7 @@ class Outcome:
     refusals: list[dict[str, Any]] = field(default_factory=list)
 
 
-def oom_reason(reason: str) -> bool:
-    r = reason.lower()
-    return "oom" in r or "memory" in r
+oom_reason = E.oom_reason
 
 
 class Supervisor:
@@ -519,11 +518,11 @@ class Supervisor:
         # What the workspace stands on now: this stop's capsule, else the one a failed resume
         # started from, else the last good one before.
         standing = produced or (s.capsule if not ran else None) or self._last_good()
-        state = R.state_after_stop(reason, produced if ran else standing, ran)
-        events.append({"type": "stopped", "allocation": s.allocation, "reason": reason, "detail": detail,
-                       "exit_code": rc, "max_rss": max_rss, "spend": spend(s.price_per_hour, time.time() - self.t0),
-                       "state": state, "capsule": standing,
-                       "ran": ran, "log_bytes": self.log.bytes_written})
+        stopped = E.stop(s.allocation, reason, detail, produced=produced, standing=standing, ran=ran, exit_code=rc,
+                         max_rss=max_rss, spend=spend(s.price_per_hour, time.time() - self.t0),
+                         log_bytes=self.log.bytes_written)
+        state = stopped.state
+        events.append(stopped.to_json())
         if self.lost_authority is None:
             self.append(*events)
             self.store.record(s.workspace)
@@ -544,46 +543,23 @@ class Supervisor:
                 return "hard-stop", f"{self.hard_stopped}: paused at {cap.where}", EXIT_PAUSED
             why = f"capsule {cap.id} failed its write check: {cap.error}" if cap is not None else "no capsule"
             return "hard-stop", f"{self.hard_stopped}; {why}", EXIT_PAUSE_FAILED
-        if cap is not None:
-            if not cap.verified:
-                return "failed", f"capsule {cap.id} failed its write check: {cap.error}", EXIT_PAUSE_FAILED
-            if oom_reason(cap.reason) or rc == EXIT_OOM:
-                return "oom", f"ran out of memory{limit} at {cap.where}", EXIT_OOM
-            if cap.reason == "preempted":
-                return "preempted", f"paused at {cap.where}", EXIT_PAUSED
-            return "suspended", f"paused ({cap.reason}) at {cap.where}", EXIT_PAUSED
-        em = self.exit_msg
-        if not self.started:
+        if cap is None and not self.started:
             tail = self.output.stderr_tail.decode(errors="replace").strip().splitlines()
             last = f": {tail[-1]}" if tail else ""
             if rc < 0:  # killed before it started: exit as a shell would (128+n), not as the raw -n & 255
                 return "failed", (f"the session was killed by {_signal_name(-rc)} before it started under {self.spec.python}"
                                   f"{last}"), 128 - rc
             return "failed", f"the session did not start under {self.spec.python} (exit code {rc}){last}", rc
-        if em is not None and not em.get("ran", True):
-            return "failed", f"the program could not be carried on: {em.get('message', '')}", rc
-        if em is not None and em.get("oom"):
-            said = f": {em.get('message')}" if em.get("message") else ""
-            return ("oom", f"ran out of memory{limit} ({em.get('error')}{said}); the engine took no capsule at "
-                    "the failing statement", EXIT_OOM)
-        if rc == 0:
-            return "finished", "exit code 0", 0
-        if rc == EXIT_PAUSE_FAILED:
-            return "failed", "a pause was required (SIGTERM) but could not be taken before its deadline", rc
-        if rc < 0:
-            return "failed", f"the session was killed by {_signal_name(-rc)}", 128 - rc
-        if em is not None and em.get("error"):
-            return "failed", f"{em.get('error')}: {em.get('message', '')}"[:500], rc
-        return "failed", f"exit code {rc}", rc
+        # The rest is how any session ends, decided in one place (an orphan asks the same).
+        reason, detail = E.exit_reason(rc, self.exit_msg, cap, limit)
+        return reason, detail, E.command_code(reason, rc, cap)
 
     def _finish_without_session(self, why: str) -> Outcome:
         s = self.spec
-        standing = s.capsule or self._last_good()
-        state = R.state_after_stop("failed", standing, ran=False)
-        self.append({"type": "stopped", "allocation": s.allocation, "reason": "failed", "detail": why,
-                     "exit_code": None, "state": state, "capsule": standing, "ran": False})
+        stopped = E.stop(s.allocation, "failed", why, standing=s.capsule or self._last_good(), ran=False)
+        self.append(stopped.to_json())
         self.store.record(s.workspace)
-        return Outcome("failed", state, 2, None, why, None, False)
+        return Outcome("failed", stopped.state, 2, None, why, None, False)
 
 
 def hard_stop_grace() -> float:
