@@ -129,6 +129,19 @@ def set_machine(
     return _info(m, True)
 
 
+def sign_machines(*, repo: PathLike | None = None) -> str:
+    """Sign the repository's machines config as it is (after a hand edit the owner checked);
+    returns the text signed."""
+    from sojourn.providers.machines import MachineError
+    from sojourn.providers.machines import sign_machines as _sign
+
+    with open_repository(repo) as r:
+        try:
+            return _sign(r)
+        except ValueError as e:  # tomllib.TOMLDecodeError
+            raise MachineError(f"machines.toml is not valid TOML ({e}); fix it before signing") from None
+
+
 def remove_machine(name: str, *, repo: PathLike | None = None) -> None:
     from sojourn.providers.machines import get_machine, load_machines, save_machines
 

@@ -40,7 +40,7 @@ from sojourn.providers.base import ProviderError
 from sojourn.repository.repo import Repository
 from sojourn.workspace.machine import MachineSpec, format_duration, parse_duration
 from sojourn.workspace.sessions import parse_size
-from sojourn.workspace.signing import RecordKey, config_signed, sign_config
+from sojourn.workspace.signing import SIGNATURE_LINE, RecordKey, config_signed, sign_config
 
 CONFIG_KIND = "config"
 CONFIG_NAME = "machines.toml"
@@ -201,6 +201,23 @@ def save_machines(repo: Repository, machines: dict[str, Machine]) -> list[str]:
     repo.backend.save(CONFIG_KIND, CONFIG_NAME, text.encode())
     repo.backend.flush()
     return dropped
+
+
+def sign_machines(repo: Repository) -> str:
+    """Sign the config as it is now (after the owner checked a hand edit): every table is kept
+    verbatim, an old signature line is replaced. Returns the text signed."""
+    try:
+        text = bytes(repo.backend.load(CONFIG_KIND, CONFIG_NAME)).decode("utf-8")
+    except ObjectNotFound:
+        raise MachineError(f"{repo.url} has no {CONFIG_NAME} to sign") from None
+    lines = text.rstrip("\n").split("\n")
+    if lines and lines[-1].startswith(SIGNATURE_LINE):
+        lines.pop()
+    body = "\n".join(lines) + "\n"
+    tomllib.loads(body)  # what we sign must read (TOMLDecodeError otherwise)
+    repo.backend.save(CONFIG_KIND, CONFIG_NAME, sign_config(RecordKey(repo.key, repo.id), CONFIG_NAME, body).encode())
+    repo.backend.flush()
+    return body
 
 
 def get_machine(repo: Repository, name: str) -> Machine:
