@@ -25,6 +25,7 @@ checks its MAC, workspace, number and chain link before anyone sees it.
 
 from __future__ import annotations
 
+import copy
 import hmac
 import json
 import os
@@ -104,6 +105,7 @@ class WorkspaceStore:
         self._heads: dict[str, tuple[int, str, bool]] = {}
         self._links: dict[tuple[str, int], tuple[str, bool]] = {}  # checked events: link, signed so far
         self._metas: dict[str, tuple[dict[str, Any], bool]] = {}  # meta objects are immutable
+        self._records: dict[str, R.WorkspaceRecord] = {}  # the last fold, per workspace (record())
 
     # -- creation and names ----------------------------------------------------------------
 
@@ -199,12 +201,26 @@ class WorkspaceStore:
         Safe under concurrent writers: each event is an exclusive create of the next free
         sequence number; a writer that loses a number checks the winner's event and chains
         onto it. Each event is signed, names ``ws``, its number and the link of the one before."""
-        seqs = []
+        seqs: list[int] = []
         with self._lock:
             head = self._heads.get(ws)
             if head is None:
                 head = self._probe_head(ws)
             seq, link, signed = head
+            try:
+                self._append(ws, epoch, by, events, seqs, [seq, link, signed])
+            except RepositoryError as e:
+                # What was written stays written: say how much, so that a caller that keeps
+                # the rest for later (the supervisor during an outage) never writes one twice.
+                e.appended = len(seqs)  # type: ignore[attr-defined]
+                raise
+        self.backend.flush()
+        return seqs
+
+    def _append(self, ws: str, epoch: int, by: str, events: tuple[dict[str, Any] | Event, ...], seqs: list[int],
+                state: list[Any]) -> None:
+        seq, link, signed = state
+        try:
             for ev in events:
                 body = ev.to_json() if isinstance(ev, Event) else dict(ev)
                 while True:
@@ -227,9 +243,9 @@ class WorkspaceStore:
                         self._links[(ws, seq)] = (link, signed)
                 seqs.append(seq)
                 self._links[(ws, seq)] = (link, signed)
-            self._heads[ws] = (seq, link, signed)
-        self.backend.flush()
-        return seqs
+        finally:
+            if seqs:
+                self._heads[ws] = (seqs[-1], *self._links[(ws, seqs[-1])])
 
     def _anchor(self, ws: str, seq: int) -> tuple[str, bool]:
         """The chain link of record ``seq`` (0: the meta) and whether a signed record came by then."""
@@ -342,10 +358,20 @@ class WorkspaceStore:
         return R.initial(self._meta(ws)[0])
 
     def record(self, ws: str, *, save: bool = True) -> R.WorkspaceRecord:
-        """The workspace's record: its summary with every newer event folded in (each checked)."""
-        summary = self._summary(ws)
-        rec = self._from_summary(summary) if summary else self._initial(ws)
-        return self._advance(rec, save=save)
+        """The workspace's record: its summary with every newer event folded in (each checked).
+
+        The last record this store folded is kept, so that a command that reads the record
+        again (a resume reads it at each step) folds only the events that came since: each
+        event is read, checked and folded once per process."""
+        known = self._records.get(ws)
+        if known is not None:
+            rec = copy.deepcopy(known)
+        else:
+            summary = self._summary(ws)
+            rec = self._from_summary(summary) if summary else self._initial(ws)
+        rec = self._advance(rec, save=save)
+        self._records[ws] = copy.deepcopy(rec)
+        return rec
 
     def _advance(self, rec: R.WorkspaceRecord, *, save: bool) -> R.WorkspaceRecord:
         new, _, _ = self._read(rec.id, rec.upto + 1, rec.head, rec.signed)

@@ -127,11 +127,29 @@ class Supervisor:
         self.committed = not spec.incoming
         self.held_started: dict[str, Any] | None = None
         self.background: list[threading.Thread] = []  # write checks of checkpoints (checkpoints.py)
+        self._append_lock = threading.Lock()
+        self._backlog: list[dict[str, Any]] = []  # events an outage kept from the repository
 
     # -- events ----------------------------------------------------------------------------
 
     def append(self, *events: dict[str, Any]) -> None:
-        self.store.append(self.spec.workspace, self.spec.epoch, self.spec.allocation, *events)
+        """Append events; events the repository could not take (an outage) are kept and
+        written, first and in order, by the next append. Only the main thread hears the error:
+        the output pump and the watcher must outlive a store that does not answer for a
+        while (issue 12: a dead pump never read the capsule the session wrote next)."""
+        from sojourn.errors import RepositoryError
+
+        with self._append_lock:
+            todo = [*self._backlog, *events]
+            try:
+                self.store.append(self.spec.workspace, self.spec.epoch, self.spec.allocation, *todo)
+                self._backlog = []
+            except RepositoryError as e:
+                self._backlog = todo[int(getattr(e, "appended", 0)):]
+                if threading.current_thread() is threading.main_thread():
+                    raise
+                print(f"sojourn: the repository did not take {len(self._backlog)} event(s) ({e}); they are kept and "
+                      "written once it answers", file=sys.stderr)
 
     # -- the whole life of the allocation --------------------------------------------------
 
@@ -361,6 +379,8 @@ class Supervisor:
             if self.spec.epoch != epoch:  # an aborted move took the next epoch for this allocation
                 epoch, next_request = self.spec.epoch, 1
             try:
+                if self._backlog:  # events an outage kept back: written as soon as the store answers
+                    self.append()
                 if self.log.due():
                     self.log.flush()
                 req = self.store.poll_request(ws, epoch, next_request)
