@@ -99,6 +99,9 @@ class _Request:
 @dataclass
 class PauseConfig:
     repo: Any = None
+    # The id of the repository at ``repo`` when the program started (runner._config): a pause
+    # writes into that repository only, never into a new one where it used to be.
+    repo_id: str | None = None
     files: str | None = None
     parent: str | None = None
     labels: dict[str, Any] = field(default_factory=dict)

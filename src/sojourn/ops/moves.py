@@ -77,7 +77,9 @@ def _target(store: WorkspaceStore, to: str, rec: Any, max_duration: float | None
     on_machine = current is not None and current.scratch is not None
     python: str | None = None
     if to == "local":
-        python = None if on_machine else (current.python if current else sys.executable)
+        from sojourn.workspace.capsules import record_python
+
+        python = None if on_machine else record_python(rec, current)
     elif os.sep in to or to.startswith("python"):
         from shutil import which
 
