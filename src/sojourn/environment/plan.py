@@ -78,8 +78,8 @@ def refusal(capsule: str, missing: list[Missing], python: str | None = None) -> 
     return (
         f"capsule {capsule} needs " + "; ".join(m.describe() for m in missing)
         + f", not installed for {py}; nothing was unpickled. Install with "
-        f"`uv pip install --python {py} {reqs}` (or pip), or let sojourn build the environment: "
-        "`sojourn resume WS --build-env` / `sojourn move WS --to M --build-env`"
+        f"`uv pip install --python {py} {reqs}` (or pip), or let sojourn build the environment: add "
+        "--build-env to `sojourn resume`, `sojourn move` or `sojourn verify`"
     )
 
 
