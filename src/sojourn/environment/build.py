@@ -192,3 +192,37 @@ def prepare(capsule: str, packages: dict[str, dict[str, Any]], needs: dict[str, 
 
 def _quoted(reqs: list[str]) -> list[str]:
     return [f"'{r}'" if any(c in r for c in " ;<>") else r for r in reqs]
+
+
+def setup_script(packages: dict[str, dict[str, Any]], python: str, *, mode: str = "exact",
+                 sojourn: str = "sojourn", machine: str = "", root: str = "$HOME/.cache/sojourn/envs") -> tuple[str, str]:
+    """The same build as a shell script, for a machine sojourn is not on yet (a SkyPilot
+    VM's ``setup``): uv (installed with pip if absent) makes the environment on Python
+    ``python`` (``3.12``: uv finds or downloads it) unless its marker is there, and installs
+    ``packages`` and ``sojourn`` (a requirement: ``sojourn==0.1.0``, a wheel URL, a path).
+    Returns the script and the environment's interpreter (for the run command)."""
+    import shlex
+
+    reqs = sorted(plan.requirement(n, p, mode) for n, p in packages.items())
+    key = plan.key({"version": python, "implementation": "cpython", "platform": "linux", "machine": machine},
+                   packages, mode, sojourn)
+    env = f"{root}/{key}"
+    torch = " --torch-backend auto" if any(plan.canonical(n) == "torch" for n in packages) else ""
+    install = " ".join(shlex.quote(r) for r in [*reqs, sojourn])
+    script = "\n".join([
+        "set -euo pipefail",
+        'export PATH="$HOME/.local/bin:$PATH"',
+        "command -v uv >/dev/null || python3 -m pip install --quiet --user uv",
+        f'ENV="{env}"',
+        'if [ ! -f "$ENV/' + MARKER + '" ]; then',
+        f'  echo "sojourn env: [1/3] creating environment {key} on Python {python}" >&2',
+        '  rm -rf "$ENV"',
+        f'  uv venv --quiet --python {shlex.quote(python)} "$ENV"',
+        f'  echo "sojourn env: [2/3] installing {len(reqs)} recorded package(s) and sojourn with uv" >&2',
+        f'  uv pip install --python "$ENV/bin/python"{torch} {install}',
+        f"  echo '{json.dumps({'key': key, 'mode': mode, 'requirements': reqs, 'sojourn': sojourn})}'"
+        f' > "$ENV/{MARKER}"',
+        "fi",
+        f'echo "sojourn env: [3/3] environment {key} ready: $ENV/bin/python" >&2',
+    ])
+    return script, f"{env}/bin/python"
