@@ -151,9 +151,12 @@ def build(packages: dict[str, dict[str, Any]], python: str, *, mode: str = "exac
             cmd += ["--torch-backend", os.environ.get("UV_TORCH_BACKEND", "auto")]
         _run(cmd, progress, "installing the capsule's packages")
         if origin[0] == "checkout":
-            purelib = probe(env_python).purelib
-            if purelib:
-                Path(purelib, "sojourn-checkout.pth").write_text(origin[1] + "\n")
+            # uv's venv layout (no probe of the new interpreter needed): lib/pythonX.Y/site-packages
+            major, minor = target.version_info[:2]
+            purelib = env / "lib" / f"python{major}.{minor}" / "site-packages"
+            if not purelib.is_dir():
+                purelib = Path(probe(env_python).purelib or purelib)
+            (purelib / "sojourn-checkout.pth").write_text(origin[1] + "\n")
         seconds = time.perf_counter() - t0
         (env / MARKER).write_text(json.dumps({
             "key": key, "mode": mode, "python": asdict(target), "requirements": reqs, "sojourn": list(origin),
