@@ -83,3 +83,28 @@ def test_resume_onto_a_bare_interpreter_builds_the_environment(sh: Shell, tmp_pa
     # Another policy is another environment.
     plan = json.loads(sh.cli("env", cap, "--python", bare, "--mode", "compatible", "--json").stdout)
     assert plan["key"] not in env_python and any(">=" in r for r in plan["requirements"])
+
+
+@pytest.mark.slow
+def test_a_live_move_to_a_bare_interpreter_is_refused_then_built(tmp_path: Path) -> None:
+    """`sojourn move WS --to BARE`: refused in one line (no sojourn there) with the program
+    still running; with --build-env the destination runs in a built environment and the
+    program's output equals an unmoved run."""
+    from tests.workspace.test_move import mover
+
+    bare = bare_python()
+    sh = Shell(tmp_path)
+    sh.env["SOJOURN_ENV_CACHE"] = str(tmp_path / "envs")
+    for mv in mover(sh, tmp_path):
+        run, ws = mv.start()
+        refused = mv.move(ws, bare)
+        assert refused.returncode != 0 and "lacks sojourn's own modules blake3" in refused.stderr, refused.stderr
+        assert "--build-env" in refused.stderr and mv.record(ws)["state"] == "running"
+        moved = mv.move(ws, bare, None, "--build-env")
+        assert moved.returncode == 0, moved.stderr
+        assert "sojourn env: [3/3] environment" in moved.stderr or "is cached" in moved.stderr
+        run.wait(timeout=120)
+        rec = mv.check_final(ws)
+        src, dst = rec["allocations"]
+        assert src["stop_reason"] == "moved" and dst["python"].startswith(str(tmp_path / "envs"))
+        assert dst["python_version"].startswith("3.12")

@@ -48,16 +48,22 @@ def _manifest(repo: Any, capsule: str) -> Any:
     return fmt.load_manifest(repo, capsule)
 
 
-def prepare_python(repo: Any, capsule: str, python: str | None, *, build_env: bool = False, mode: str = "exact",
-                   progress: Callable[[str], None] | None = None) -> str:
+def prepare_python(repo: Any, capsule: str | None, python: str | None, *, build_env: bool = False,
+                   mode: str = "exact", progress: Callable[[str], None] | None = None) -> str:
     """The interpreter that restores ``capsule`` (an open repository's): ``python`` itself
     when it has every library module the capsule needs and sojourn's own, a built
-    environment on it when ``build_env``, else a one-line refusal (before anything runs)."""
+    environment on it when ``build_env``, else a one-line refusal (before anything runs).
+    Without a capsule (a live move of a program that has none yet) only sojourn's own
+    modules are needed."""
     from sojourn.environment.build import prepare, stderr_progress
     from sojourn.workspace.capsules import child_env
 
-    m = _manifest(repo, capsule)
-    return prepare(m.id, m.packages, m.needs, resolve_python(python), build_env=build_env, mode=mode,
+    if capsule is None:
+        cap, packages, needs = "(none yet)", {}, {}
+    else:
+        m = _manifest(repo, capsule)
+        cap, packages, needs = m.id, m.packages, m.needs
+    return prepare(cap, packages, needs, resolve_python(python), build_env=build_env, mode=mode,
                    env=child_env(), progress=progress or stderr_progress)
 
 

@@ -161,16 +161,16 @@ def move(workspace: str, to: str, *, repo: PathLike | None = None, deadline: flo
             raise WorkspaceError(f"workspace {ws} is serving a {rec.pending.get('kind')} request already; "
                                  "try again once it is done")
         target = _target(store, to, rec, parse_duration(max_duration))
-        if target.machine.provider == "local" and rec.last_capsule is not None and (
-                build_env or target.machine.python != sys.executable):
+        if target.machine.provider == "local" and (build_env or target.machine.python != sys.executable):
             # The destination interpreter is checked against (or given) the environment of the
-            # workspace's last capsule before anything is launched.
+            # workspace's last capsule (sojourn's own alone before the first) before anything
+            # is launched; the move's own capsule is checked by the destination's restore.
             from dataclasses import replace
 
             from sojourn.ops.environment import prepare_python
 
-            py = prepare_python(store.repo, rec.last_capsule.id, target.machine.python, build_env=build_env,
-                                mode=env_mode)
+            last = rec.last_capsule.id if rec.last_capsule is not None else None
+            py = prepare_python(store.repo, last, target.machine.python, build_env=build_env, mode=env_mode)
             target = replace(target, machine=replace(target.machine, python=py))
         m = target.machine
         move_id, al = R.new_id("mv"), R.new_id("al")
