@@ -173,7 +173,7 @@ def prepare(capsule: str, packages: dict[str, dict[str, Any]], needs: dict[str, 
     needs (its sojourn children's ``env``), else a built environment (``build_env``), else
     a one-line refusal. With ``build_env`` in ``exact`` mode, an interpreter whose versions
     differ from the recorded ones gets a built environment too."""
-    target = probe(python, list(needs), env=env)
+    target = probe(python, list(needs), env=env, distributions=build_env)
     if not target.supported:
         raise SojournError(target.unsupported_message())
     missing = plan.missing_in(needs, target.modules)

@@ -24,15 +24,19 @@ out = {"version": platform.python_version(), "version_info": list(sys.version_in
        "implementation": sys.implementation.name, "machine": platform.machine(),
        "platform": sys.platform, "executable": sys.executable, "prefix": sys.prefix,
        "base_prefix": getattr(sys, "base_prefix", sys.prefix), "distributions": {}, "modules": {}}
+mods = sys.argv[1:]
+listing = mods[:1] == ["--distributions"]
+if listing:
+    mods = mods[1:]
 try:
     import importlib.metadata as md
-    for d in md.distributions():
+    for d in (md.distributions() if listing else ()):
         name = d.metadata["Name"]
         if name:
             out["distributions"][name.lower().replace("_", "-").replace(".", "-")] = d.version
 except Exception:
     pass
-for mod in sys.argv[1:]:
+for mod in mods:
     try:
         found = iu is not None and iu.find_spec(mod) is not None
     except Exception:
@@ -84,10 +88,14 @@ class Probe:
 
 
 def probe(python: str, modules: list[str] | tuple[str, ...] = (), *, env: dict[str, str] | None = None,
-          timeout: float = 60.0) -> Probe:
-    """Ask ``python`` what it is and which of ``modules`` (top-level names) it can import.
+          timeout: float = 60.0, distributions: bool = True) -> Probe:
+    """Ask ``python`` what it is and which of ``modules`` (top-level names) it can import,
+    and (``distributions``) every installed distribution's version: reading every
+    distribution's metadata is most of the probe's time on a large environment.
     ``env`` is the environment its sojourn children get (a source checkout's PYTHONPATH)."""
     wanted = sorted(set(modules) | set(SOJOURN_MODULES) | set(ZSTD_MODULES))
+    if distributions:
+        wanted.insert(0, "--distributions")
     try:
         proc = subprocess.run([python, "-c", _SCRIPT, *wanted], capture_output=True, text=True,
                               timeout=timeout, env=env if env is not None else dict(os.environ),
