@@ -41,8 +41,9 @@ lint: setup
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports --no-cache
 
+# The inner loop: everything but the slow parts (tests/conftest.py SLOW_PARTS, @pytest.mark.slow).
 unit: setup
-	$(PY) -m pytest -q -x
+	$(PY) -m pytest -q -x -m "not slow"
 
 test: setup crossvenvs lint
 	$(PY) -m pytest -q

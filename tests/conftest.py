@@ -106,3 +106,33 @@ def needs_python(version: str) -> str:
     if py is None:
         pytest.skip(f"Python {version} with sojourn and numpy is not available (make crossvenvs creates .venv{version})")
     return py
+
+
+# Parts of the suite that start daemons (radosgw, Slurm, sshd), Jupyter kernels, many fresh
+# interpreters or foreign-architecture emulators. `make unit` leaves them out (-m "not slow")
+# so that the inner loop stays a few minutes; `make test` and CI run everything. A test
+# elsewhere that takes more than ~10 s carries @pytest.mark.slow itself.
+SLOW_PARTS = (
+    "corpus/",
+    "crossarch/",
+    "conformance/",
+    "notebook/",
+    "providers/test_slurm.py",
+    "providers/test_ssh.py",
+    "repository/test_s3.py",
+    "repository/test_store_faults.py",
+    "workspace/test_campaign.py",
+    "workspace/test_faults.py",
+    "workspace/test_faults_orphan.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    tests_dir = ROOT / "tests"
+    for item in items:
+        try:
+            rel = item.path.relative_to(tests_dir).as_posix()
+        except ValueError:
+            continue
+        if rel.startswith(SLOW_PARTS):
+            item.add_marker(pytest.mark.slow)
