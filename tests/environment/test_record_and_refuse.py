@@ -143,3 +143,39 @@ def test_an_unsupported_or_bare_interpreter_is_named(work: Path, repo: str, capt
     bare = _cli("verify", str(cap), "--repo", repo, "--python", _pyenv("3.12"), cwd=work)
     assert bare.returncode != 0 and "lacks sojourn's own modules blake3" in bare.stderr, bare.stderr
     assert "--build-env" in bare.stderr and "Traceback" not in bare.stderr
+
+
+PAUSED = """
+import envdemo
+t = envdemo.Thing(1)
+for i in range(3):
+    t = envdemo.Thing(t.n + 1)
+    print(i, t.n, flush=True)
+    kill_here(i)
+"""
+
+
+def test_a_resume_where_the_library_is_gone_says_so_in_one_line(tmp_path: Path, site: Path) -> None:
+    """The program ran with envdemo; its session resumes where envdemo is not installed (the
+    same interpreter, no --python): the session itself refuses before the program's imports
+    run again, in one line, and the workspace stays resumable."""
+    from tests.environment.conftest import with_path
+    from tests.workspace.conftest import Shell
+
+    sh = Shell(tmp_path)
+    try:
+        sh.write("uses_lib.py", PAUSED)
+        lib = with_path(site)
+        run = sh.cli("run", "--name", "lib", "uses_lib.py", env={"KILLS": "0", **lib})
+        assert run.returncode == 75 and run.stdout == "0 2\n", run.stderr
+        gone = sh.cli("resume", "lib")
+        assert gone.returncode != 0 and gone.stdout == ""
+        assert "Traceback" not in gone.stderr, gone.stderr
+        line = next(ln for ln in gone.stderr.splitlines() if "needs envdemo 1.2.3" in ln)
+        assert not [ln for ln in gone.stderr.splitlines() if "MissingLibraryError" in ln], gone.stderr
+        assert "'t'" in line and "nothing was unpickled" in line and "--build-env" in line
+        assert sh.show("lib")["next_action"]["action"] == "resume"
+        back = sh.cli("resume", "lib", env=lib)  # with the library again, it carries on
+        assert back.returncode == 0 and back.stdout == "1 3\n2 4\n", back.stderr
+    finally:
+        sh.kill_all()
