@@ -169,3 +169,27 @@ def test_a_paused_program_moves_from_a_new_python_to_this_one(tmp_path: Path, ve
         assert a["python_version"].startswith(version) and b["python_version"] == sys.version.split()[0]
     finally:
         sh.kill_all()
+
+
+@pytest.mark.parametrize("version", ["3.14", "3.15"])
+def test_a_paused_program_moves_from_this_python_to_a_new_one(tmp_path: Path, version: str) -> None:
+    """`sojourn run` here pauses; `sojourn resume` there (another Python, numpy 2.4 -> 2.5,
+    no zstandard) carries it on."""
+    from tests.conftest import KILL_PRELUDE
+    from tests.workspace.conftest import Shell
+
+    f, python = _python(version)
+    sh = Shell(tmp_path)
+    try:
+        (sh.dir / "prog.py").write_text(KILL_PRELUDE + PROGRAM)
+        run = sh.cli("run", "--name", "p", "prog.py", env={"KILLS": "2"})
+        assert run.returncode == 75, run.stderr
+        home = Path(os.environ["SOJOURN_HOME"])
+        p = f.run([python, "-m", "sojourn.cli.main", "resume", "p"], cwd=sh.dir, binds=[tmp_path, home],
+                  env={"SOJOURN_REPO": sh.repo, "SOJOURN_NOTICES": "none"})
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert p.stdout == "3 [6.0, 6.0, 6.0]\n4 [10.0, 10.0, 10.0]\ndone 30.0\n"
+        a, b = sh.show("p")["allocations"]
+        assert a["python_version"] == sys.version.split()[0] and b["python_version"].startswith(version)
+    finally:
+        sh.kill_all()
