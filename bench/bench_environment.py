@@ -5,6 +5,7 @@ hand (``uv venv`` + ``uv pip install`` of the same requirements, then ``sojourn 
 
     .venv/bin/python bench/bench_environment.py                      # pandas + scikit-learn
     .venv/bin/python bench/bench_environment.py --libs small         # python-dateutil only
+    .venv/bin/python bench/bench_environment.py --libs torch         # + torch (CPU wheel, --find-links)
     .venv/bin/python bench/bench_environment.py --python /usr/bin/python3.12
 
 How each number is measured (wall time of the whole command, a fresh process each):
@@ -39,14 +40,20 @@ sys.path.insert(0, str(SRC))
 
 CAPTURE = {
     "small": "import dateutil.relativedelta as rd\nns = {'d': rd.relativedelta(days=3)}\n",
+    # torch from the machine's own wheel (a CPU build): UV_FIND_LINKS and SOJOURN_TORCH_BACKEND=none
+    "torch": ("import numpy as np, pandas as pd, torch\nfrom sklearn.linear_model import LogisticRegression\n"
+              "X = np.random.default_rng(0).normal(size=(200, 4)); y = (X[:, 0] > 0).astype(int)\n"
+              "net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))\n"
+              "ns = {'df': pd.DataFrame(X, columns=list('abcd')), 'model': LogisticRegression().fit(X, y),\n"
+              "      'net': net, 'opt': torch.optim.AdamW(net.parameters())}\n"),
     "data": ("import numpy as np, pandas as pd\nfrom sklearn.linear_model import LogisticRegression\n"
              "X = np.random.default_rng(0).normal(size=(200, 4)); y = (X[:, 0] > 0).astype(int)\n"
              "ns = {'df': pd.DataFrame(X, columns=list('abcd')), 'model': LogisticRegression().fit(X, y)}\n"),
 }
 
 
-def bare_python() -> str:
-    found = sorted(glob.glob(str(Path.home() / ".pyenv/versions/3.12.*/bin/python3.12")))
+def bare_python(version: str = "3.12") -> str:
+    found = sorted(glob.glob(str(Path.home() / f".pyenv/versions/{version}.*/bin/python{version}")))
     if not found:
         sys.exit("no bare Python 3.12 found: pass --python")
     return found[-1]
@@ -64,9 +71,11 @@ def run(cmd: list[str], env: dict[str, str]) -> tuple[float, subprocess.Complete
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--libs", choices=sorted(CAPTURE), default="data")
-    ap.add_argument("--python", default=None, help="the bare interpreter (default: pyenv's 3.12)")
+    ap.add_argument("--python", default=None, help="the bare interpreter (default: pyenv's 3.12; 3.11 for torch)")
+    ap.add_argument("--find-links", default=None,
+                    help="a wheel directory for uv (default for --libs torch: /opt/wheels, a torch CPU wheel)")
     args = ap.parse_args()
-    bare = args.python or bare_python()
+    bare = args.python or bare_python("3.11" if args.libs == "torch" else "3.12")
 
     from sojourn.environment import plan
     from sojourn.environment.build import find_uv, sojourn_requirements
@@ -76,6 +85,10 @@ def main() -> None:
     repo = str(tmp / "repo")
     base = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV",)}
     base["PYTHONPATH"] = str(SRC)
+    links = args.find_links or ("/opt/wheels" if args.libs == "torch" and os.path.isdir("/opt/wheels") else None)
+    if links:
+        # torch's CPU build from a local wheel: uv is not sent to PyTorch's index
+        base.update(UV_FIND_LINKS=links, SOJOURN_TORCH_BACKEND="none")
     cap = subprocess.run([sys.executable, "-c", CAPTURE[args.libs] + "import sojourn, sys\n"
                           "print(sojourn.capture(ns, repo=sys.argv[1]).id)", repo],
                          env=base, capture_output=True, text=True, check=True).stdout.strip()

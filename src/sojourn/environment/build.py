@@ -61,6 +61,15 @@ def find_uv() -> str:
                        "installer), or set $SOJOURN_UV to its path")
 
 
+def torch_backend() -> str | None:
+    """uv's ``--torch-backend`` for a recorded torch: ``auto`` (a CUDA build where the machine
+    has an NVIDIA driver, the CPU build elsewhere) unless ``$SOJOURN_TORCH_BACKEND`` names
+    one (``cpu``, ``cu126``, …) or is ``none``: torch from the indexes uv is configured with
+    (``UV_INDEX_URL``, ``UV_FIND_LINKS``), for a machine that cannot reach PyTorch's."""
+    value = os.environ.get("SOJOURN_TORCH_BACKEND", os.environ.get("UV_TORCH_BACKEND", "auto")).strip()
+    return None if value in ("", "none") else value
+
+
 def cache_root() -> Path:
     return Path(os.environ.get("SOJOURN_ENV_CACHE") or Path.home() / ".cache" / "sojourn" / "envs")
 
@@ -147,8 +156,9 @@ def build(packages: dict[str, dict[str, Any]], python: str, *, mode: str = "exac
             extra.append(f"sojourn=={origin[1]}")
         progress(f"[2/3] installing {len(reqs)} recorded package(s) and sojourn's {len(extra)} with uv")
         cmd = [uv, "pip", "install", "--python", env_python, *reqs, *extra]
-        if any(plan.canonical(n) == "torch" for n in packages):
-            cmd += ["--torch-backend", os.environ.get("UV_TORCH_BACKEND", "auto")]
+        backend = torch_backend()
+        if backend and any(plan.canonical(n) == "torch" for n in packages):
+            cmd += ["--torch-backend", backend]
         _run(cmd, progress, "installing the capsule's packages")
         if origin[0] == "checkout":
             # uv's venv layout (no probe of the new interpreter needed): lib/pythonX.Y/site-packages
