@@ -71,6 +71,10 @@ def record_needs(users: dict[str, list[str]], skip: Collection[str] = ()) -> dic
     needs: dict[str, dict[str, Any]] = {}
     for mod in library_modules(set(users) - set(skip)):
         dists = providers(mod)
+        if not dists and not _findable(mod):
+            # A type's module that no import finds here either (Cython's ``_cython_3_1_2``, a
+            # module made at run time): a restore never imports it by that name.
+            continue
         dist = dists[0] if dists else None
         version = None
         if dist is not None:
@@ -80,6 +84,15 @@ def record_needs(users: dict[str, list[str]], skip: Collection[str] = ()) -> dic
                 dist = None
         needs[mod] = {"distribution": dist, "version": version, "variables": list(users[mod])}
     return needs
+
+
+def _findable(mod: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(mod) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 _NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
