@@ -179,3 +179,31 @@ def test_a_resume_where_the_library_is_gone_says_so_in_one_line(tmp_path: Path, 
         assert back.returncode == 0 and back.stdout == "1 3\n2 4\n", back.stderr
     finally:
         sh.kill_all()
+
+
+def test_a_library_on_a_plain_path_directory_is_still_a_library(work: Path, repo: str, site: Path,
+                                                                 tmp_path: Path) -> None:
+    """The same distribution installed into a site directory on one machine and into a plain
+    PYTHONPATH directory on another (``pip install --target``, a cluster's shared software):
+    its objects are pickled by reference on both, so the fingerprints agree both ways."""
+    import shutil
+
+    plain = tmp_path / "target-dir"
+    shutil.copytree(site, plain)
+    here_site = with_path(site)
+    there_plain = {"PYTHONPATH": f"{SRC}:{plain}"}
+    code = """
+import json, sys
+import envdemo
+import sojourn
+if sys.argv[2] == "capture":
+    print(json.dumps({"cap": sojourn.capture({"t": envdemo.Thing(4)}, repo=sys.argv[1]).id}))
+else:
+    ns = sojourn.restore(sys.argv[2], repo=sys.argv[1])
+    print(json.dumps({"n": ns["t"].n, "from": envdemo.__file__}))
+"""
+    for writer, reader in ((here_site, there_plain), (there_plain, here_site)):
+        cap = last_json(run_py(code, repo, "capture", cwd=work, env=writer))["cap"]  # type: ignore[index]
+        got = last_json(run_py(code, repo, cap, cwd=work, env=reader))
+        assert got["n"] == 4, got  # type: ignore[index]
+    assert str(plain) in got["from"] or str(site) in got["from"]  # type: ignore[index]
