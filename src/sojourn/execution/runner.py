@@ -263,7 +263,9 @@ def resume(
     import time
 
     from sojourn.capsule import format as fmt
+    from sojourn.capsule.environment import refuse_missing
     from sojourn.capsule.restore import restore_capsule
+    from sojourn.errors import MissingLibraryError
     from sojourn.execution.reducers import prime_rebuilt
     from sojourn.execution.resumeform import imports_code, module_resume_code
     from sojourn.execution.transform import REC
@@ -280,6 +282,12 @@ def resume(
             raise ResumeError(f"capsule {manifest.id} was written by another version of sojourn's "
                               f"execution engine (format {info.get('version')}, transform "
                               f"{info.get('transform')}); resume it with that version")
+        # Before the program's imports run again: a missing library is named in one line (as a
+        # ResumeError, which the session reports as such), not a traceback.
+        try:
+            refuse_missing(manifest)
+        except MissingLibraryError as e:
+            raise ResumeError(str(e)) from None
         script = _find_script(info)
         changes = _check_sources(manifest.id, info, script)
         RUNTIME.remaps = {c.module: c.remap for c in changes}
