@@ -80,6 +80,7 @@ def test_pandas_groupby_rows_and_chunked_readers(runner: Runner) -> None:
         for i, row in df.iterrows():
             kill_here(f"row{i}")
             df.loc[i, "w"] = row["w"] * 2        # the common pattern: write the row just read
+            df.loc[4, "v"] = 100 + i             # and a row ahead: iterrows reads a snapshot
             print("row", i, row["k"], row["v"], flush=True)
         print(df["w"].tolist(), flush=True)
         for row in df.itertuples(name=None):     # zips iterators over the index and columns
