@@ -76,6 +76,7 @@ def test_pandas_groupby_rows_and_chunked_readers(runner: Runner) -> None:
         df = pd.DataFrame({"k": list("abcab"), "v": range(5), "w": [0.5, 1.5, 2.5, 3.5, 4.5]})
         for k, g in df.groupby("k"):
             kill_here(f"group{k}")
+            df.loc[2, "v"] = 50                  # a row of a group ahead: groupby iterates a snapshot
             print("group", k, g["v"].tolist(), flush=True)
         for i, row in df.iterrows():
             kill_here(f"row{i}")

@@ -15,13 +15,15 @@ What counts as "pure" is a list (:data:`KNOWN`), not a guess: a library generato
 reads a file, a clock or a random source would come back different, and stays refused.
 The rebuilt generator sees the objects as they are at the pause: a loop that changed what
 it iterates over (added a submodule) before the pause would see those changes. pandas'
-``iterrows`` and ``DataFrame.items`` iterate the frame's values as they were when the loop
-started; they are called again on a shallow copy taken then (free under copy-on-write until
-either is written), so rows the loop edited ahead of the pause come back as they were.
+``iterrows``, ``DataFrame.items`` and groupby iteration iterate the frame's values as they
+were when the loop started; they are made again over a shallow copy taken then (free under
+copy-on-write until either is written), so rows the loop edited ahead of the pause come back
+as they were.
 """
 
 from __future__ import annotations
 
+import copy
 import inspect
 import itertools
 import sys
@@ -254,7 +256,16 @@ def _generator_hook(g: Any) -> Iterator[Any]:
 
 
 def _groupby_hook(gb: Any) -> Iterator[Any]:
-    return LibIter(iter(gb), (iter, (gb,), {}))
+    # pandas iterates a sorted copy of the frame made at the first item: a rebuild iterates
+    # the frame as the loop started too (a shallow copy, free until written), not as the
+    # loop may have edited it since. The groups' keys were computed when gb was made.
+    snap = gb
+    obj = getattr(gb, "obj", None)
+    if obj is not None and hasattr(obj, "copy") and "obj" in vars(gb):
+        snap = copy.copy(gb)
+        vars(snap).pop("_cache", None)  # cached selections of the original frame
+        snap.obj = obj.copy(deep=False)
+    return LibIter(iter(gb), (iter, (snap,), {}))
 
 
 _installed = False
