@@ -196,6 +196,34 @@ def _scan_roots(rt: Runtime, pos: Position) -> tuple[dict[str, Any], Any]:
     return ns, label
 
 
+_REHEARSING = threading.Event()  # one child at a time: a short scan interval must not pile them up
+
+
+def rehearse_in_background(rt: Runtime, pos: Position, warn: Callable[[list[Problem]], None],
+                           log: Callable[[str], None]) -> None:
+    """Rehearse the write check of a pause here (fork now, at this statement boundary); a
+    thread waits for the child and calls ``warn`` with what it found."""
+    if _REHEARSING.is_set():
+        return
+    wait = rehearse_state(rt, pos)
+    if wait is None:
+        return
+    _REHEARSING.set()
+
+    def waiter() -> None:
+        try:
+            problems = wait()
+        except Exception as e:
+            log(f"the rehearsal of the write check failed: {type(e).__name__}: {e}")
+            return
+        finally:
+            _REHEARSING.clear()
+        if problems:
+            warn(problems)
+
+    threading.Thread(target=waiter, name="sojourn-rehearse", daemon=True).start()
+
+
 def rehearse_state(rt: Runtime, pos: Position) -> Callable[[], list[Problem]] | None:
     """Start rehearsing the write check of a pause here in a forked child (the program goes
     on meanwhile); the function returned waits for its findings. None: not possible here."""

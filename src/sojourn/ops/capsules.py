@@ -138,10 +138,12 @@ def restore(
         return restore_capsule(r, capsule_id, files_to=files_to, device_policy=device_policy, into=into)
 
 
-def scan(namespace: dict[str, Any]) -> list[Problem]:
+def scan(namespace: dict[str, Any], *, rehearse: bool = True) -> list[Problem]:
+    """What in ``namespace`` cannot travel, and (``rehearse``) what a capsule's write check
+    would refuse (rehearsed in a forked child); writes nothing."""
     from sojourn.capsule.scan import scan as _scan
 
-    return _scan(namespace)
+    return _scan(namespace, rehearse=rehearse)
 
 
 def inspect(capsule_id: str, repo: PathLike | None = None) -> CapsuleInfo:
