@@ -110,6 +110,9 @@ def pickle_namespace(
         roots[name] = value
         if on_variable is not None:
             on_variable(pickler.buffers[b0:], not ctx.problems)
+    # The pickler and its buffer callback refer to each other: until the cyclic collector
+    # runs, its memo would keep every pickled object alive (a deleted array's memory too).
+    pickler.release()
     if ctx.problems:
         problems = problems_with_paths(roots, ctx.problems)
         raise CaptureError(_problems_message(problems), problems)

@@ -56,19 +56,41 @@ def _unsupported(type_name: str) -> None:
     raise pickle.UnpicklingError(f"a placeholder for an unsupported {type_name} was unpickled")
 
 
+class _BufferSink:
+    """The pickler's buffer callback: every buffer goes out of band, with its tag."""
+
+    def __init__(self) -> None:
+        self.buffers: list[BufferOut] = []
+        self.tagged: dict[int, tuple[pickle.PickleBuffer, str, dict[str, Any], Any]] = {}
+
+    def __call__(self, pb: pickle.PickleBuffer) -> bool:
+        tag = self.tagged.pop(id(pb), None)
+        meta: dict[str, Any]
+        if tag is None:
+            kind, meta, owner = "raw", {}, pb
+        else:
+            _, kind, meta, owner = tag
+        self.buffers.append(BufferOut(pb.raw(), kind, meta, owner))
+        return False  # never in-band
+
+
 class _Capsule:
     """What both capsule picklers do (the C one, and the pure-Python one for deep graphs)."""
 
     _base: Any = pickle.Pickler
 
     def __init__(self, file: io.BufferedIOBase | io.BytesIO, ctx: CaptureContext):
-        self._base.__init__(self, file, protocol=PROTOCOL, buffer_callback=self._on_buffer)
+        # The buffer callback is an object of its own, not a method of the pickler: a
+        # pickler holding its own bound method is a cycle, and its memo (every pickled
+        # object, arrays too) would live until the cyclic collector ran.
+        sink = _BufferSink()
+        self._base.__init__(self, file, protocol=PROTOCOL, buffer_callback=sink)
         # Whoever pickles gets every reducer: importing the package registers them (once).
         from sojourn.capsule import reducers  # noqa: F401
 
         self.ctx = ctx
-        self.buffers: list[BufferOut] = []
-        self._tagged: dict[int, tuple[pickle.PickleBuffer, str, dict[str, Any], Any]] = {}
+        self.buffers: list[BufferOut] = sink.buffers
+        self._tagged = sink.tagged
         self._keep: list[Any] = []
         self._shared_globals: dict[int, dict[str, Any]] = {}
         # Types that take the generic path -> whether their module was noted already.
@@ -82,22 +104,19 @@ class _Capsule:
         self._tagged[id(pb)] = (pb, kind, meta or {}, owner)
         return pb
 
-    def _on_buffer(self, pb: pickle.PickleBuffer) -> bool:
-        tag = self._tagged.pop(id(pb), None)
-        meta: dict[str, Any]
-        if tag is None:
-            kind, meta, owner = "raw", {}, pb
-        else:
-            _, kind, meta, owner = tag
-        self.buffers.append(BufferOut(pb.raw(), kind, meta, owner))
-        return False  # never in-band
-
     # -- problems -------------------------------------------------------------------------------
 
     def problem(self, obj: Any, reason: str) -> tuple[Any, ...]:
         """Record that ``obj`` cannot travel and return a placeholder so pickling goes on."""
         self.ctx.problems.append((obj, reason))
         return (_unsupported, (registry.type_name(type(obj)),))
+
+    def release(self) -> None:
+        """Drop the memo and what it kept alive (the buffers stay: they are still to be written)."""
+        self.clear_memo()  # type: ignore[attr-defined]
+        self._keep.clear()
+        self._shared_globals.clear()
+        self._tagged.clear()
 
     def keepalive(self, obj: Any) -> None:
         self._keep.append(obj)
