@@ -37,6 +37,7 @@ from sojourn.capsule.pickler import (
     DeepCapsulePickler,
     deeply,
 )
+from sojourn.capsule.reducers.matplotlib import pyplot_state
 from sojourn.capsule.reducers.rng import capture_process_state
 from sojourn.capsule.scan import problems_with_paths
 from sojourn.errors import CaptureError, Problem
@@ -58,6 +59,11 @@ SKIPPED_NAMES = frozenset(
 
 # Buffers are written while pickling goes on once this many bytes of them are waiting.
 EARLY_WRITE_BYTES = 16 << 20
+
+
+# Names for the paths of problems: roots searched first (in the program's words) and a
+# label for internal root names (see sojourn.capsule.scan.find_paths).
+PathNames = tuple[dict[str, Any] | None, Callable[[str], str] | None]
 
 
 def skipped(name: str) -> bool:
@@ -86,11 +92,13 @@ def pickle_namespace(
     workspace: Path | None = None,
     extra: dict[str, Any] | None = None,
     on_variable: Callable[[list[BufferOut], bool], None] | None = None,
+    paths: PathNames | None = None,
     deep: bool = False,
 ) -> Pickled:
     """Pickle ``namespace``; ``on_variable(buffers, clean)`` sees each variable's buffers as
-    soon as it is pickled (``clean``: no problem found so far). ``deep``: with the pickler
-    that walks any depth (call it inside :func:`deeply`)."""
+    soon as it is pickled (``clean``: no problem found so far). ``paths``: how problems are
+    named (``scan.find_paths``' ``first`` and ``label``). ``deep``: with the pickler that walks
+    any depth (call it inside :func:`deeply`)."""
     ctx = CaptureContext(workspace=workspace, namespace=namespace)
     sink = io.BytesIO()
     pickler = (DeepCapsulePickler if deep else CapsulePickler)(sink, ctx)
@@ -100,9 +108,10 @@ def pickle_namespace(
     types_: list[str] = []
     roots: dict[str, Any] = {}
     values = [(n, namespace[n]) for n in names]
-    values.append((fmt.PROCESS_SEGMENT, {**capture_process_state(), **(extra or {})}))
+    values.append((fmt.PROCESS_SEGMENT, {**capture_process_state(), **pyplot_state(), **(extra or {})}))
     for name, value in values:
         start, b0 = sink.tell(), len(pickler.buffers)
+        ctx.current_root = name
         pickler.dump(value)
         segments.append((start, sink.tell()))
         ranges.append((b0, len(pickler.buffers)))
@@ -114,7 +123,8 @@ def pickle_namespace(
     # runs, its memo would keep every pickled object alive (a deleted array's memory too).
     pickler.release()
     if ctx.problems:
-        problems = problems_with_paths(roots, ctx.problems)
+        first, label = paths if paths is not None else (None, None)
+        problems = problems_with_paths(roots, ctx.problems, first=first, label=label, found_in=ctx.problem_roots)
         raise CaptureError(_problems_message(problems), problems)
     return Pickled(
         sink.getvalue(), [n for n, _ in values], types_, segments, ranges, pickler.buffers, ctx,
@@ -162,6 +172,7 @@ def capture_namespace(
     labels: dict[str, Any] | None = None,
     extra: dict[str, Any] | None = None,
     include_secrets: bool | Iterable[str] | None = None,
+    paths: PathNames | None = None,
 ) -> fmt.Manifest:
     t0 = time.perf_counter()
     workspace = Path(files).absolute() if files is not None else Path.cwd()
@@ -181,13 +192,13 @@ def capture_namespace(
 
     try:
         try:
-            pickled = pickle_namespace(namespace, workspace=workspace, extra=extra, on_variable=write_early)
+            pickled = pickle_namespace(namespace, workspace=workspace, extra=extra, on_variable=write_early, paths=paths)
         except RecursionError:
             # Nested deeper than this stack: once more, on a thread with a stack for it (the
             # buffers seen so far come again; chunks already stored are not written twice).
             waiting.clear()
             pickled = deeply(pickle_namespace, namespace, workspace=workspace, extra=extra,
-                             on_variable=write_early, deep=True)
+                             on_variable=write_early, paths=paths, deep=True)
     except RecursionError:
         _wait_quietly(pending)
         raise CaptureError(f"the namespace holds objects nested deeper than sojourn can pickle (about "

@@ -50,6 +50,10 @@ class CaptureContext:
     user_modules: dict[str, dict[str, Any]] = field(default_factory=dict)
     devices: list[str] = field(default_factory=list)
     fingerprint_only: bool = False
+    # The variable being pickled, and for each problem the variable it was found in: the
+    # place to name when the object itself is out of the walk's reach (a reducer made it).
+    current_root: str | None = None
+    problem_roots: dict[int, str] = field(default_factory=dict)
 
 
 def _unsupported(type_name: str) -> None:
@@ -109,6 +113,8 @@ class _Capsule:
     def problem(self, obj: Any, reason: str) -> tuple[Any, ...]:
         """Record that ``obj`` cannot travel and return a placeholder so pickling goes on."""
         self.ctx.problems.append((obj, reason))
+        if self.ctx.current_root is not None:
+            self.ctx.problem_roots.setdefault(id(obj), self.ctx.current_root)
         return (_unsupported, (registry.type_name(type(obj)),))
 
     def release(self) -> None:
@@ -421,7 +427,8 @@ def _refusal_uncached(obj: Any) -> str | None:
     if isinstance(obj, types.GeneratorType | types.CoroutineType | types.AsyncGeneratorType):
         return (
             "a generator or coroutine cannot be captured by sojourn.capture(); run the program "
-            "under `sojourn run`, which resumes user generators from source"
+            "under `sojourn run` (in a notebook: %load_ext sojourn), which resumes generator "
+            "functions of the program (of its cells) from their source"
         )
     if isinstance(obj, types.CodeType):
         return "bytecode does not travel between Python versions; capture the function instead"

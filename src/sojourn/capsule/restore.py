@@ -20,6 +20,7 @@ import io
 import json
 import os
 import pickle
+import re
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -36,6 +37,7 @@ from sojourn.capsule.context import RestoreContext, restoring
 from sojourn.capsule.environment import check_distributions
 from sojourn.capsule.fingerprint import (
     canonical_digests,
+    difference,
     extern_token,
     hash_pieces,
     segment_fingerprint,
@@ -47,6 +49,7 @@ from sojourn.capsule.pickler import (
     DeepCapsulePickler,
     deeply,
 )
+from sojourn.capsule.reducers.matplotlib import apply_pyplot_state
 from sojourn.capsule.reducers.numpy import small_pages
 from sojourn.capsule.reducers.rng import apply_process_state
 from sojourn.capsule.registry import allocator
@@ -189,6 +192,11 @@ def restore_capsule(
                         "capturing") from None
         t_check = time.perf_counter()
     apply_process_state(process_state)
+    try:
+        notes = [*notes, *apply_pyplot_state(process_state)]
+    except Exception as e:  # the figures are restored; only pyplot's list of them is not
+        notes = [*notes, f"pyplot's figures are restored but not registered with pyplot again "
+                         f"({type(e).__name__}: {e}): plt.gcf() and figure numbers start afresh"]
     t_end = time.perf_counter()
     out = namespace if isinstance(namespace, Restored) else Restored()
     out.manifest = manifest
@@ -371,16 +379,38 @@ def check_fingerprints(
             before, after = {}, {i: "" for i in later}
         if all(before.get(i) == after[i] for i in later):
             return
-    before = canonical_digests(stream, captured, original_hashes, differing)
-    after = canonical_digests(again, segments, buffer_hashes, differing)
-    mismatched = [manifest.variables[i].name for i in sorted(differing) if before[i] != after[i]]
+    values_before: dict[int, Any] = {}
+    values_after: dict[int, Any] = {}
+    before = canonical_digests(stream, captured, original_hashes, differing, values=values_before)
+    after = canonical_digests(again, segments, buffer_hashes, differing, values=values_after)
+    mismatched = [i for i in sorted(differing) if before[i] != after[i]]
     if mismatched:
+        places = [_place(manifest.variables[i].name, difference(values_before[i], values_after[i]))
+                  for i in mismatched]
         raise IntegrityError(
-            "fingerprint mismatch after restore for "
-            + ", ".join(repr(n) for n in mismatched)
+            "fingerprint mismatch after restore for " + ", ".join(places)
             + f" (capsule {manifest.id}): the restored value differs from the captured one; "
             "the restore was refused"
         )
+
+
+def _place(name: str, path: str) -> str:
+    """A variable and the path inside it where the restored value differs, in words."""
+    if name != fmt.PROCESS_SEGMENT:
+        return repr(name) + (f" at {name}{path}" if path else "")
+    # The process segment holds the RNG states and what capture(extra=) added: a paused
+    # program's frames (their locals) and its other modules' globals (sojourn.execution).
+    frames = "['sojourn.execution']['main']"
+    modules = "['sojourn.execution']['modules']"
+    if path.startswith(frames):
+        rest = path[len(frames):].replace(".callee", " → the frame it called")
+        rest = re.sub(r"\.locals\[('[^']*')\]", r", its local \1", rest)
+        return "the paused program's main frame" + rest
+    m = re.match(re.escape(modules) + r"\[('[^']*')\]\[('[^']*')\](.*)", path)
+    if m:
+        return f"module {m.group(1)}, its global {m.group(2)}{m.group(3)}"
+    return "the process state (random generators and what was captured with the namespace" + (
+        f", at {path})" if path else ")")
 
 
 def _check_array_meta(manifest: fmt.Manifest, again: list[BufferOut]) -> None:
