@@ -47,6 +47,9 @@ class CaptureContext:
     namespace: dict[str, Any] | None = None
     problems: list[tuple[Any, str]] = field(default_factory=list)
     modules: set[str] = field(default_factory=set)  # top-level modules referenced
+    # top-level module -> the variables whose pickles refer to it (the manifest's ``needs``)
+    module_users: dict[str, list[str]] = field(default_factory=dict)
+    variable: str | None = None  # the variable being pickled
     user_modules: dict[str, dict[str, Any]] = field(default_factory=dict)
     devices: list[str] = field(default_factory=list)
     fingerprint_only: bool = False
@@ -97,8 +100,10 @@ class _Capsule:
         self._tagged = sink.tagged
         self._keep: list[Any] = []
         self._shared_globals: dict[int, dict[str, Any]] = {}
-        # Types that take the generic path -> whether their module was noted already.
-        self._generic: dict[type, bool] = {}
+        # Types that take the generic path -> the variable (number) their module was last
+        # noted for (-1: never): noted once per type and variable, not once per object.
+        self._generic: dict[type, int] = {}
+        self._variable = 0
 
     # -- out-of-band buffers ------------------------------------------------------------------
 
@@ -127,9 +132,20 @@ class _Capsule:
     def keepalive(self, obj: Any) -> None:
         self._keep.append(obj)
 
+    def begin_variable(self, name: str) -> None:
+        """The next ``dump`` pickles variable ``name``: modules noted from now on are its."""
+        self.ctx.variable = name
+        self._variable += 1
+
     def note_module(self, module_name: str | None) -> None:
         if module_name:
-            self.ctx.modules.add(module_name.partition(".")[0])
+            top = module_name.partition(".")[0]
+            self.ctx.modules.add(top)
+            var = self.ctx.variable
+            if var is not None:
+                users = self.ctx.module_users.setdefault(top, [])
+                if not users or users[-1] != var:
+                    users.append(var)
 
     # -- the override -----------------------------------------------------------------------------
 
@@ -154,7 +170,7 @@ class _Capsule:
                 return self.problem(obj, reason)
             # Every test above depends on the type alone: the next object of this type (there
             # are often 10^5 of them) goes straight to its own __reduce_ex__.
-            self._generic[t] = False
+            self._generic[t] = -1
         try:
             rv = obj.__reduce_ex__(PROTOCOL)
         except RecursionError:
@@ -166,8 +182,8 @@ class _Capsule:
                 # pickle would raise deep in C with no word of which object it was
                 return self.problem(obj, f"its __reduce__ returned a tuple pickle cannot use ({_bad_tuple(rv)})")
             if rv:
-                if not self._generic[t]:
-                    self._generic[t] = True
+                if self._generic[t] != self._variable:
+                    self._generic[t] = self._variable
                     self.note_module(getattr(t, "__module__", None))
                 if len(rv) >= 3:
                     return _exact_build(t, rv)

@@ -157,7 +157,9 @@ def write_capsule(rt: Runtime, pos: Position, config: PauseConfig, req: _Request
     t0 = time.perf_counter()
     set_capture(pos, labels[LABEL]["frames"])
     try:
-        with open_repository(config.repo, create=True) as repo:
+        # Created only when there was none at the start (a first capture through the API); a
+        # repository that was there and vanished or was replaced is refused (RepositoryChanged).
+        with open_repository(config.repo, create=config.repo_id is None, expect_id=config.repo_id) as repo:
             if low_memory:
                 # After an out-of-memory error: each writer thread costs a stack, and a
                 # failed thread start would lose the capsule; two keep a disk busy enough.

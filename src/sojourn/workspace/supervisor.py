@@ -13,8 +13,9 @@ a ``stopped`` event that says what happened. Threads:
   by ``sojourn suspend`` from any host), hands them to the session over the control pipe,
   reports what a pending pause waits for, writes log pieces, and checks that this allocation
   still holds the authority (if not, another holder runs the workspace and this copy stops);
-* the main thread waits for the session and forwards signals to it: SIGTERM, SIGUSR1 and
-  SIGINT as they are, SIGHUP as SIGTERM (a closed terminal pauses the program).
+* the main thread waits for the session and forwards signals to it (supsignals.py): SIGTERM
+  and SIGUSR1 as they are, SIGHUP as SIGTERM (a closed terminal pauses the program), Ctrl-C
+  as a pause (twice within 3 s: ``KeyboardInterrupt`` in the program).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sojourn import notices
+from sojourn.workspace import events as E
 from sojourn.workspace import records as R
 from sojourn.workspace.capsules import capsule_facts, child_env, verify_capsule
 from sojourn.workspace.files import files_event_of
@@ -40,12 +42,14 @@ from sojourn.workspace.logs import LogWriter, output_base
 from sojourn.workspace.machine import spend
 from sojourn.workspace.output import OutputCallback, OutputFiles
 from sojourn.workspace.store import WorkspaceStore
+from sojourn.workspace.supsignals import FORWARDED, SignalForwarding
+
+__all__ = ["FORWARDED", "Outcome", "SessionSpec", "Supervisor"]
 
 EXIT_PAUSED = 75  # the program paused and its capsule passed the write check
 EXIT_PAUSE_FAILED = 76  # a pause was taken but its capsule failed the check, or none could be taken
 EXIT_OOM = 77  # the program ran out of memory (`sojourn show` says whether a capsule was taken)
 
-FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
 # How often the pump reads the output files when the status pipe is quiet: every 25 ms while
 # the program writes, backing off to 100 ms while it does not (an idle session costs little).
 TAIL_INTERVAL, TAIL_IDLE = 0.025, 0.1
@@ -87,12 +91,10 @@ class Outcome:
     refusals: list[dict[str, Any]] = field(default_factory=list)
 
 
-def oom_reason(reason: str) -> bool:
-    r = reason.lower()
-    return "oom" in r or "memory" in r
+oom_reason = E.oom_reason
 
 
-class Supervisor:
+class Supervisor(SignalForwarding):
     def __init__(self, store: WorkspaceStore, spec: SessionSpec, *, on_output: OutputCallback | None = None,
                  log_interval: float = 2.0, poll_interval: float | None = None):
         self.store = store
@@ -128,11 +130,31 @@ class Supervisor:
         self.committed = not spec.incoming
         self.held_started: dict[str, Any] | None = None
         self.background: list[threading.Thread] = []  # write checks of checkpoints (checkpoints.py)
+        self._interrupted: float | None = None  # when the last Ctrl-C asked for a pause (monotonic)
+        self._pump_errors = 0
+        self._append_lock = threading.Lock()
+        self._backlog: list[dict[str, Any]] = []  # events an outage kept from the repository
 
     # -- events ----------------------------------------------------------------------------
 
     def append(self, *events: dict[str, Any]) -> None:
-        self.store.append(self.spec.workspace, self.spec.epoch, self.spec.allocation, *events)
+        """Append events; events the repository could not take (an outage) are kept and
+        written, first and in order, by the next append. Only the main thread hears the error:
+        the output pump and the watcher must outlive a store that does not answer for a
+        while (issue 12: a dead pump never read the capsule the session wrote next)."""
+        from sojourn.errors import RepositoryError
+
+        with self._append_lock:
+            todo = [*self._backlog, *events]
+            try:
+                self.store.append(self.spec.workspace, self.spec.epoch, self.spec.allocation, *todo)
+                self._backlog = []
+            except RepositoryError as e:
+                self._backlog = todo[int(getattr(e, "appended", 0)):]
+                if threading.current_thread() is threading.main_thread():
+                    raise
+                print(f"sojourn: the repository did not take {len(self._backlog)} event(s) ({e}); they are kept and "
+                      "written once it answers", file=sys.stderr)
 
     # -- the whole life of the allocation --------------------------------------------------
 
@@ -230,33 +252,6 @@ class Supervisor:
         self._ctl_w = self._status_r = None
         self.output.close()
 
-    # -- signals ---------------------------------------------------------------------------
-
-    def _install_signals(self) -> dict[int, Any]:
-        if threading.current_thread() is not threading.main_thread():
-            return {}
-        old: dict[int, Any] = {}
-        for sig in FORWARDED:
-            old[sig] = signal.signal(sig, self._forward)
-        return old
-
-    def _restore_signals(self, old: dict[int, Any]) -> None:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
-
-    def _forward(self, signum: int, frame: Any) -> None:
-        if self.notices is not None and self.notices.signal(signum):
-            return  # issue 6: a notice (Slurm's --signal, Kubernetes' SIGTERM); _on_notice pauses
-        target = signal.SIGTERM if signum == signal.SIGHUP else signum
-        if signum == signal.SIGHUP:
-            self.on_output = None  # the terminal is gone
-        p = self.proc
-        if p is not None and p.returncode is None:
-            try:
-                os.kill(p.pid, target)
-            except ProcessLookupError:
-                pass
-
     # -- the pump: output and status -------------------------------------------------------
 
     def _pump(self) -> None:
@@ -292,14 +287,26 @@ class Supervisor:
             status_buf += data
             while b"\n" in status_buf:
                 line, status_buf = status_buf.split(b"\n", 1)
-                self._status(line)
+                try:
+                    self._status(line)
+                except Exception as e:  # an event that could not be recorded must not stop the pump
+                    self._pump_error(e)
         self._tail()  # what the session wrote last, before its status pipe ended
 
     def _tail(self) -> int:
-        got, echoing = self.output.read(self.log, self.on_output)
+        try:
+            got, echoing = self.output.read(self.log, self.on_output)
+        except Exception as e:  # the repository hiccuped: keep pumping (the files keep the output)
+            self._pump_error(e)
+            return 0
         if not echoing:
             self.on_output = None
         return got
+
+    def _pump_error(self, e: Exception) -> None:
+        self._pump_errors += 1
+        if self._pump_errors % 50 == 1:
+            print(f"sojourn: supervisor of {self.spec.workspace}: {type(e).__name__}: {e}", file=sys.stderr)
 
     def _status(self, line: bytes) -> None:
         try:
@@ -337,8 +344,15 @@ class Supervisor:
             self.refusals.append(msg)
             with self._lock:
                 self.pending = None
+            if msg.get("capsule"):  # written, failed its write check in the session: marked failed
+                entry = R.CapsuleEntry(id=str(msg["capsule"]), parent=None, reason=str(msg.get("reason")),
+                                       where="", size=0, time=R.now(), allocation=self.spec.allocation,
+                                       verified=False, error=str(msg.get("error") or msg.get("message")))
+                self.append({"type": "capsule", "capsule": entry.__dict__})
             self.append({"type": "refused", "reason": msg.get("reason"), "message": msg.get("message"),
                          "problems": msg.get("problems", [])})
+            if self.hard_stopped is not None and msg.get("reason") == "hard-stop":
+                self._end_hard_stop("the session was stopped")  # refused: no use waiting for the grace
         elif kind == "edited":
             self.append({"type": "edited", "capsule": msg.get("capsule"), "files": msg.get("files", [])})
         elif kind == "status":
@@ -362,6 +376,8 @@ class Supervisor:
             if self.spec.epoch != epoch:  # an aborted move took the next epoch for this allocation
                 epoch, next_request = self.spec.epoch, 1
             try:
+                if self._backlog:  # events an outage kept back: written as soon as the store answers
+                    self.append()
                 if self.log.due():
                     self.log.flush()
                 req = self.store.poll_request(ws, epoch, next_request)
@@ -439,7 +455,15 @@ class Supervisor:
                        "on_timeout": "exit"})
         if self._done.wait(2 * grace + 5.0):
             return
-        self.hard_stopped += f"; no pause could be taken within {grace:g} s, so the session was killed"
+        self._end_hard_stop(f"no pause could be taken within {grace:g} s, so the session was killed")
+
+    def _end_hard_stop(self, why: str) -> None:
+        """The allocation's time is up and the program cannot pause: end it (the workspace
+        keeps its last good capsule, which the stop's detail names)."""
+        with self._lock:
+            if self.hard_stopped is None or "the session was" in self.hard_stopped:
+                return
+            self.hard_stopped += f"; {why}"
         p = self.proc
         if p is not None and p.returncode is None:
             try:
@@ -500,7 +524,10 @@ class Supervisor:
         ran = bool(self.exit_msg.get("ran", True)) if self.exit_msg else True
         if self.capsule_msg is not None:
             m = self.capsule_msg
-            error = verify_capsule(self.repo_url, m["capsule"], python=s.python, cwd=s.cwd)
+            # Checked by the session before it exited (while the program waited, so that a
+            # failure let it carry on), or not: when the deadline left no time, or an OOM.
+            error = None if m.get("checked") else verify_capsule(self.repo_url, m["capsule"], python=s.python,
+                                                                 cwd=s.cwd)
             cap_entry = R.CapsuleEntry(id=m["capsule"], parent=m.get("parent"), reason=str(m.get("reason")),
                                        where=str(m.get("where", "")), size=int(m.get("size", 0)), time=R.now(),
                                        allocation=s.allocation, verified=error is None, error=error)
@@ -519,16 +546,23 @@ class Supervisor:
         # What the workspace stands on now: this stop's capsule, else the one a failed resume
         # started from, else the last good one before.
         standing = produced or (s.capsule if not ran else None) or self._last_good()
-        state = R.state_after_stop(reason, produced if ran else standing, ran)
-        events.append({"type": "stopped", "allocation": s.allocation, "reason": reason, "detail": detail,
-                       "exit_code": rc, "max_rss": max_rss, "spend": spend(s.price_per_hour, time.time() - self.t0),
-                       "state": state, "capsule": standing,
-                       "ran": ran, "log_bytes": self.log.bytes_written})
+        stopped = E.stop(s.allocation, reason, detail, produced=produced, standing=standing, ran=ran, exit_code=rc,
+                         max_rss=max_rss, spend=spend(s.price_per_hour, time.time() - self.t0),
+                         log_bytes=self.log.bytes_written)
+        state = stopped.state
+        events.append(stopped.to_json())
         if self.lost_authority is None:
             self.append(*events)
             self.store.record(s.workspace)
         return Outcome(reason, state, code, None if self.capsule_msg else rc, detail,
                        cap_entry, ran, max_rss, list(self.refusals))
+
+    def _standing_note(self) -> str:
+        """Where the program cannot go on: what the workspace stays on."""
+        good = self._last_good() or (self.spec.capsule if not self.started else None)
+        if good:
+            return f"; the workspace keeps its last good capsule {good} (`sojourn resume` carries on from it)"
+        return "; there is no earlier capsule to resume from"
 
     def _last_good(self) -> str | None:
         rec = self.store.record(self.spec.workspace, save=False)
@@ -543,47 +577,42 @@ class Supervisor:
             if cap is not None and cap.verified:
                 return "hard-stop", f"{self.hard_stopped}: paused at {cap.where}", EXIT_PAUSED
             why = f"capsule {cap.id} failed its write check: {cap.error}" if cap is not None else "no capsule"
-            return "hard-stop", f"{self.hard_stopped}; {why}", EXIT_PAUSE_FAILED
-        if cap is not None:
-            if not cap.verified:
-                return "failed", f"capsule {cap.id} failed its write check: {cap.error}", EXIT_PAUSE_FAILED
-            if oom_reason(cap.reason) or rc == EXIT_OOM:
-                return "oom", f"ran out of memory{limit} at {cap.where}", EXIT_OOM
-            if cap.reason == "preempted":
-                return "preempted", f"paused at {cap.where}", EXIT_PAUSED
-            return "suspended", f"paused ({cap.reason}) at {cap.where}", EXIT_PAUSED
-        em = self.exit_msg
-        if not self.started:
+            if cap is None and self.refusals:
+                why += f" (the pause was refused: {_refusal_line(self.refusals[-1])})"
+            return "hard-stop", f"{self.hard_stopped}; {why}{self._standing_note()}", EXIT_PAUSE_FAILED
+        if cap is None and not self.started:
             tail = self.output.stderr_tail.decode(errors="replace").strip().splitlines()
             last = f": {tail[-1]}" if tail else ""
             if rc < 0:  # killed before it started: exit as a shell would (128+n), not as the raw -n & 255
                 return "failed", (f"the session was killed by {_signal_name(-rc)} before it started under {self.spec.python}"
                                   f"{last}"), 128 - rc
             return "failed", f"the session did not start under {self.spec.python} (exit code {rc}){last}", rc
-        if em is not None and not em.get("ran", True):
-            return "failed", f"the program could not be carried on: {em.get('message', '')}", rc
-        if em is not None and em.get("oom"):
-            said = f": {em.get('message')}" if em.get("message") else ""
-            return ("oom", f"ran out of memory{limit} ({em.get('error')}{said}); the engine took no capsule at "
-                    "the failing statement", EXIT_OOM)
-        if rc == 0:
-            return "finished", "exit code 0", 0
-        if rc == EXIT_PAUSE_FAILED:
-            return "failed", "a pause was required (SIGTERM) but could not be taken before its deadline", rc
-        if rc < 0:
-            return "failed", f"the session was killed by {_signal_name(-rc)}", 128 - rc
-        if em is not None and em.get("error"):
-            return "failed", f"{em.get('error')}: {em.get('message', '')}"[:500], rc
-        return "failed", f"exit code {rc}", rc
+        # The rest is how any session ends, decided in one place (an orphan asks the same);
+        # where the program cannot go on, the detail says what the workspace stays on.
+        reason, detail = E.exit_reason(rc, self.exit_msg, cap, limit)
+        if (cap is not None and not cap.verified) or (cap is None and rc == EXIT_PAUSE_FAILED):
+            detail += self._standing_note()
+        return reason, detail, E.command_code(reason, rc, cap)
 
     def _finish_without_session(self, why: str) -> Outcome:
         s = self.spec
-        standing = s.capsule or self._last_good()
-        state = R.state_after_stop("failed", standing, ran=False)
-        self.append({"type": "stopped", "allocation": s.allocation, "reason": "failed", "detail": why,
-                     "exit_code": None, "state": state, "capsule": standing, "ran": False})
+        stopped = E.stop(s.allocation, "failed", why, standing=s.capsule or self._last_good(), ran=False)
+        self.append(stopped.to_json())
         self.store.record(s.workspace)
-        return Outcome("failed", state, 2, None, why, None, False)
+        return Outcome("failed", stopped.state, 2, None, why, None, False)
+
+
+def _refusal_line(msg: dict[str, Any]) -> str:
+    """A refusal in one line: its message's first line and, when that only announces a list,
+    the first object's path and reason."""
+    lines = str(msg.get("message", "")).splitlines()
+    line = lines[0] if lines else "refused"
+    problems = msg.get("problems") or []
+    if problems and (line.endswith(":") or len(lines) == 1):
+        p = problems[0]
+        more = f" and {len(problems) - 1} more" if len(problems) > 1 else ""
+        line = f"{line.rstrip(':')}: {p.get('path')} ({p.get('reason')}){more}"
+    return line
 
 
 def hard_stop_grace() -> float:
