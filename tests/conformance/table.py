@@ -86,9 +86,7 @@ TABLE: dict[str, Entry] = {
     "CloudPickleTest::test_abc": PASSES,
     "CloudPickleTest::test_abc_cache_not_pickled": na(DIRECT),
     "CloudPickleTest::test_abstracts": PASSES,
-    "CloudPickleTest::test_always_use_up_to_date_copyreg": open_bug(
-        "a reducer registered in copyreg.dispatch_table is state of the capturing process: the object is rebuilt "
-        "with its state, but pickles another way there, and the fingerprint check refuses the restore (loudly)"),
+    "CloudPickleTest::test_always_use_up_to_date_copyreg": PASSES,
     "CloudPickleTest::test_attrgetter": PASSES,
     "CloudPickleTest::test_bound_classmethod": PASSES,
     "CloudPickleTest::test_buffer": na("tests Python 2's buffer(); on Python 3 it does nothing"),

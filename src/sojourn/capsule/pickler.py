@@ -122,6 +122,19 @@ class _Capsule:
             self.ctx.problem_roots.setdefault(id(obj), self.ctx.current_root)
         return (_unsupported, (registry.type_name(type(obj)),))
 
+    def _registered(self, obj: Any, t: type) -> Any:
+        """An object of the program's own class whose reducer the program registered with
+        ``copyreg.pickle``: the registration travels with it (the restored class has none
+        otherwise, and would pickle, and check, another way)."""
+        fn = copyreg.dispatch_table[t]
+        try:
+            rv = fn(obj)
+        except Exception as e:
+            return self.problem(obj, f"its reducer registered with copyreg fails: {e}")
+        if not isinstance(rv, tuple) or not 2 <= len(rv) <= 6 or not callable(rv[0]):
+            return NotImplemented  # a global's name, or a shape pickle itself will judge
+        return (_copyreg_made, (t, fn, rv[0], rv[1]), *rv[2:])
+
     def release(self) -> None:
         """Drop the memo and what it kept alive (the buffers stay: they are still to be written)."""
         self.clear_memo()  # type: ignore[attr-defined]
@@ -163,6 +176,8 @@ class _Capsule:
                 from sojourn.capsule.reducers import code
 
                 return code.reduce_function(obj, self)
+            if t in copyreg.dispatch_table and _program_type(t):
+                return self._registered(obj, t)
             if t in _NATIVE or t in copyreg.dispatch_table:
                 return NotImplemented
             reason = _refusal(obj)
@@ -376,6 +391,18 @@ _NATIVE: set[type] = {
     range,
     slice,
 }
+
+
+def _program_type(t: type) -> bool:
+    from sojourn.capsule.source import is_library_module
+
+    return not is_library_module(getattr(t, "__module__", None))
+
+
+def _copyreg_made(t: type, fn: Any, func: Any, args: tuple[Any, ...]) -> Any:
+    """Register ``fn`` for ``t`` again where it is restored, then make the object."""
+    copyreg.pickle(t, fn)
+    return func(*args)
 
 
 def _bad_tuple(rv: tuple[Any, ...]) -> str:
