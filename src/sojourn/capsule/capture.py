@@ -120,6 +120,9 @@ def pickle_namespace(
         roots[name] = value
         if on_variable is not None:
             on_variable(pickler.buffers[b0:], not ctx.problems)
+    # The pickler and its buffer callback refer to each other: until the cyclic collector
+    # runs, its memo would keep every pickled object alive (a deleted array's memory too).
+    pickler.release()
     if ctx.problems:
         first, label = paths if paths is not None else (None, None)
         problems = problems_with_paths(roots, ctx.problems, first=first, label=label, found_in=ctx.problem_roots)

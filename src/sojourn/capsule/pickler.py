@@ -63,19 +63,41 @@ def _unsupported(type_name: str) -> None:
     raise pickle.UnpicklingError(f"a placeholder for an unsupported {type_name} was unpickled")
 
 
+class _BufferSink:
+    """The pickler's buffer callback: every buffer goes out of band, with its tag."""
+
+    def __init__(self) -> None:
+        self.buffers: list[BufferOut] = []
+        self.tagged: dict[int, tuple[pickle.PickleBuffer, str, dict[str, Any], Any]] = {}
+
+    def __call__(self, pb: pickle.PickleBuffer) -> bool:
+        tag = self.tagged.pop(id(pb), None)
+        meta: dict[str, Any]
+        if tag is None:
+            kind, meta, owner = "raw", {}, pb
+        else:
+            _, kind, meta, owner = tag
+        self.buffers.append(BufferOut(pb.raw(), kind, meta, owner))
+        return False  # never in-band
+
+
 class _Capsule:
     """What both capsule picklers do (the C one, and the pure-Python one for deep graphs)."""
 
     _base: Any = pickle.Pickler
 
     def __init__(self, file: io.BufferedIOBase | io.BytesIO, ctx: CaptureContext):
-        self._base.__init__(self, file, protocol=PROTOCOL, buffer_callback=self._on_buffer)
+        # The buffer callback is an object of its own, not a method of the pickler: a
+        # pickler holding its own bound method is a cycle, and its memo (every pickled
+        # object, arrays too) would live until the cyclic collector ran.
+        sink = _BufferSink()
+        self._base.__init__(self, file, protocol=PROTOCOL, buffer_callback=sink)
         # Whoever pickles gets every reducer: importing the package registers them (once).
         from sojourn.capsule import reducers  # noqa: F401
 
         self.ctx = ctx
-        self.buffers: list[BufferOut] = []
-        self._tagged: dict[int, tuple[pickle.PickleBuffer, str, dict[str, Any], Any]] = {}
+        self.buffers: list[BufferOut] = sink.buffers
+        self._tagged = sink.tagged
         self._keep: list[Any] = []
         self._shared_globals: dict[int, dict[str, Any]] = {}
         # Types that take the generic path -> the variable (number) their module was last
@@ -91,16 +113,6 @@ class _Capsule:
         self._tagged[id(pb)] = (pb, kind, meta or {}, owner)
         return pb
 
-    def _on_buffer(self, pb: pickle.PickleBuffer) -> bool:
-        tag = self._tagged.pop(id(pb), None)
-        meta: dict[str, Any]
-        if tag is None:
-            kind, meta, owner = "raw", {}, pb
-        else:
-            _, kind, meta, owner = tag
-        self.buffers.append(BufferOut(pb.raw(), kind, meta, owner))
-        return False  # never in-band
-
     # -- problems -------------------------------------------------------------------------------
 
     def problem(self, obj: Any, reason: str) -> tuple[Any, ...]:
@@ -109,6 +121,26 @@ class _Capsule:
         if self.ctx.current_root is not None:
             self.ctx.problem_roots.setdefault(id(obj), self.ctx.current_root)
         return (_unsupported, (registry.type_name(type(obj)),))
+
+    def _registered(self, obj: Any, t: type) -> Any:
+        """An object of the program's own class whose reducer the program registered with
+        ``copyreg.pickle``: the registration travels with it (the restored class has none
+        otherwise, and would pickle, and check, another way)."""
+        fn = copyreg.dispatch_table[t]
+        try:
+            rv = fn(obj)
+        except Exception as e:
+            return self.problem(obj, f"its reducer registered with copyreg fails: {e}")
+        if not isinstance(rv, tuple) or not 2 <= len(rv) <= 6 or not callable(rv[0]):
+            return NotImplemented  # a global's name, or a shape pickle itself will judge
+        return (_copyreg_made, (t, fn, rv[0], rv[1]), *rv[2:])
+
+    def release(self) -> None:
+        """Drop the memo and what it kept alive (the buffers stay: they are still to be written)."""
+        self.clear_memo()  # type: ignore[attr-defined]
+        self._keep.clear()
+        self._shared_globals.clear()
+        self._tagged.clear()
 
     def keepalive(self, obj: Any) -> None:
         self._keep.append(obj)
@@ -144,6 +176,8 @@ class _Capsule:
                 from sojourn.capsule.reducers import code
 
                 return code.reduce_function(obj, self)
+            if t in copyreg.dispatch_table and _program_type(t):
+                return self._registered(obj, t)
             if t in _NATIVE or t in copyreg.dispatch_table:
                 return NotImplemented
             reason = _refusal(obj)
@@ -357,6 +391,18 @@ _NATIVE: set[type] = {
     range,
     slice,
 }
+
+
+def _program_type(t: type) -> bool:
+    from sojourn.capsule.source import is_library_module
+
+    return not is_library_module(getattr(t, "__module__", None))
+
+
+def _copyreg_made(t: type, fn: Any, func: Any, args: tuple[Any, ...]) -> Any:
+    """Register ``fn`` for ``t`` again where it is restored, then make the object."""
+    copyreg.pickle(t, fn)
+    return func(*args)
 
 
 def _bad_tuple(rv: tuple[Any, ...]) -> str:
