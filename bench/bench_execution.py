@@ -1,10 +1,12 @@
 """Cost of running under sojourn: steady-state overhead, start-up, signal -> pause latency.
 
-    python bench/bench_execution.py [--rounds N] [--only overhead|startup|latency]
+    python bench/bench_execution.py [--rounds N] [--only overhead|startup|latency|waiting]
 
 Everything is measured in this one run and printed as one table, against the targets of issue
 3: <= 2% on a numpy/torch training loop, <= 10% on a tight pure-Python loop, start-up <= 300 ms
-over python, signal -> paused at a statement boundary <= 5 ms while Python code runs.
+over python, signal -> paused at a statement boundary <= 5 ms while Python code runs; and
+(issue 11) while a pause waits for library code to return, the program keeps >= 50 % of its
+speed.
 
 Each workload is a small script that times its own loop (min over repeats inside the
 process), run by plain ``python`` and by ``python -m sojourn.execution run`` alternately, for
@@ -239,10 +241,53 @@ def latency(tmp: str, rounds: int) -> list[Row]:
              f"max {samples[-1] * 1e3:.3f}", "<= 5 ms", "ok" if samples[-1] <= 0.005 else "OVER")]
 
 
+WAITING = """
+import sys, time
+from sojourn.execution import pause_status, request_pause
+times = []
+def add(a, b):
+    return a + b
+def work(k):
+    if k == {half}:  # a pause that cannot land before map() returns
+        request_pause("bench", deadline=600, action="continue")
+    t0 = time.perf_counter()
+    s = 0
+    for i in range(20000):
+        s = add(s, i)
+    times.append(time.perf_counter() - t0)
+    return s
+{caller}
+print(min(times[:{half}]), min(times[{half}:]))
+"""
+
+
+def waiting(tmp: str, rounds: int) -> list[Row]:
+    """Speed of the program's own loop while a pause waits for the library code that called
+    it to return (issue 11: at least half its speed), against the same loop before the
+    request, in one process."""
+    rows: list[Row] = []
+    for name, caller in (("map(f, ...)", "list(map(work, range(40)))"),
+                         ("a comprehension", "[work(k) for k in range(40)]")):
+        path = Path(tmp) / "waiting.py"
+        path.write_text(WAITING.format(half=20, caller=caller))
+        plain = wait = float("inf")
+        for _ in range(max(1, rounds // 2)):
+            p = subprocess.run([sys.executable, "-m", "sojourn.execution", "--repo", f"{tmp}/repo", "run",
+                                str(path)], cwd=tmp, env=ENV, capture_output=True, text=True, timeout=600)
+            if p.returncode != 0:
+                raise RuntimeError(p.stderr)
+            a, b = map(float, p.stdout.split())
+            plain, wait = min(plain, a), min(wait, b)
+        speed = plain / wait
+        rows.append((f"while a pause waits for {name} (us/iter, speed)", f"{plain / 20000 * 1e6:.3f}",
+                     f"{wait / 20000 * 1e6:.3f}", f"{100 * speed:.0f}% speed", ">= 50%", "ok" if speed >= 0.5 else "UNDER"))
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--only", choices=["overhead", "startup", "latency"])
+    ap.add_argument("--only", choices=["overhead", "startup", "latency", "waiting"])
     args = ap.parse_args()
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -250,6 +295,8 @@ def main() -> None:
             rows += startup(tmp, max(args.rounds, 5))
         if args.only in (None, "latency"):
             rows += latency(tmp, max(args.rounds, 5))
+        if args.only in (None, "waiting"):
+            rows += waiting(tmp, args.rounds)
         if args.only in (None, "overhead"):
             rows += overhead(tmp, args.rounds)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")

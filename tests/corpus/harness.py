@@ -287,8 +287,9 @@ _STARTUP: dict[str, float] = {}
 def startup(version: str, cache: Path) -> float:
     """CPU seconds a session takes before a script's first statement, measured once per
     interpreter on a one-line script (about 0.5 s). The random points of a run are drawn in
-    the program's own CPU time, counted from there; a pause asked for before that would be
-    the start-up's (finding C3), not a point of the program."""
+    the program's own CPU time, counted from there; a pause asked for before that would land
+    at the program's first statement (signals are held from the first line since finding C3),
+    not at a point of the program."""
     if version in _STARTUP:
         return _STARTUP[version]
     import tempfile

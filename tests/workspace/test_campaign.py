@@ -158,8 +158,9 @@ def test_a_move_aborted_two_seconds_into_the_hold_keeps_the_program_running(tmp_
 def test_a_supervisor_killed_during_the_write_check_keeps_the_capsule(tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """Found by the campaign (seed 4, trials 80 and 137). `sojourn suspend`: the session writes
-    its capsule, reports it and exits; the supervisor runs the write check (0.2 s and more)
-    and only then records the capsule and the stop. A `kill -9` of the supervisor (the
+    its capsule, reports it and exits; the supervisor ran the write check (0.2 s and more)
+    and only then recorded the capsule and the stop (since issue 11 the session runs the check
+    before it exits, and records the capsule itself when its supervisor is gone). A `kill -9` of the supervisor (the
     `sojourn run` command) in that window left no one to record it: the orphan path needs a
     live session, and the session has exited. The reaper recorded the allocation `failed`
     with no capsule, and the program was lost although its capsule was complete in the
@@ -177,11 +178,15 @@ def test_a_supervisor_killed_during_the_write_check_keeps_the_capsule(tmp_path: 
         os.kill(run.pid, signal.SIGKILL)
         sus.wait(timeout=60)
         rec = b.wait(lambda: (r := b.show(ws))["state"] != "running" and r, 60, "the workspace to stop")
-        assert "paused (" in b.stderr(run)  # the capsule was written and reported
         assert rec["state"] == "suspended", (rec["state"], rec["detail"])
         cap = rec["last_capsule"]
         assert cap["verified"] and cap["allocation"] == rec["allocations"][0]["id"]
-        assert rec["allocations"][0]["stop_reason"] == "suspended" and "recovered" in rec["detail"]
+        # Since issue 11 the session runs the write check itself, before it exits: it is
+        # still alive when its supervisor dies, and records its checked capsule on its own
+        # (the reaper's recovery stays for a capsule the supervisor checks after the exit:
+        # test_records::test_a_reaper_records_the_capsule_a_dead_allocation_left_unrecorded).
+        assert rec["allocations"][0]["stop_reason"] == "suspended"
+        assert "paused by itself" in rec["detail"] or "recovered" in rec["detail"], rec["detail"]
         (b.dir / "open").write_text("")
         res = b.cli("resume", ws)
         assert res.returncode == 0, res.stderr

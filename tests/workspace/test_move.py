@@ -422,13 +422,17 @@ def test_a_remote_destinations_timeout_says_what_it_waited_for() -> None:
 # -- checkpoints on request, fork --now -----------------------------------------------------
 
 
+# Halfway, the program waits (with pause checks) for the test's `release` file: the
+# checkpoint and the fork are taken while it runs, however long they take on a loaded machine.
 TICKS = """
-import time
+import os, time
 total = 0
 for i in range(120):
     total += i
     print(i, total, flush=True)
-    time.sleep(0.03)
+    while i == 60 and not os.path.exists("release"):
+        time.sleep(0.01)
+    time.sleep(0.01)
 print("done", total)
 """
 
@@ -436,7 +440,10 @@ print("done", total)
 def test_checkpoint_and_fork_now_while_the_program_runs(mv: Mover) -> None:
     sh = mv.sh
     sh.write("ticks.py", TICKS, prelude=False)
+    release = sh.dir / "release"
+    release.write_text("")
     expected = sh.plain("ticks.py")
+    release.unlink()
     run = sh.start("run", "ticks.py")
     ws = sh.workspace_of(run)
     wait_output(sh, ws, 5)
@@ -451,6 +458,7 @@ def test_checkpoint_and_fork_now_while_the_program_runs(mv: Mover) -> None:
     assert fk.returncode == 0, fk.stderr
     doc = json.loads(fk.stdout)
     assert doc["capsule"] != cap and doc["name"] == "branch"
+    release.write_text("")
     code, out, _ = finish(run)
     assert code == 0 and out == expected  # the source never stopped
     res = sh.cli("resume", "branch")

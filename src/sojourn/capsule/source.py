@@ -122,7 +122,50 @@ def _library_roots() -> tuple[str, ...]:
 @functools.lru_cache(maxsize=4096)
 def is_library_file(path: str) -> bool:
     real = os.path.realpath(path)
-    return any(real == r or real.startswith(r + os.sep) for r in _library_roots())
+    return any(real == r or real.startswith(r + os.sep) for r in _library_roots()) or _installed_on_path(real)
+
+
+def _installed_on_path(real: str) -> bool:
+    """A file of a distribution installed into a directory on ``sys.path`` outside the site
+    directories (``pip install --target``, a cluster's shared software on PYTHONPATH): the
+    directory holds the distribution's ``.dist-info``. Such a library must be pickled by
+    reference on one machine as on another where it sits in site-packages, or the restore's
+    fingerprint check refuses its objects. (``.egg-info`` is not asked: an in-tree setuptools
+    checkout has one, and its modules are the program's.)"""
+    for entry in sys.path:
+        if not entry:
+            continue
+        base = os.path.realpath(entry)
+        if real.startswith(base + os.sep):
+            top = real[len(base) + 1:].split(os.sep, 1)[0].split(".", 1)[0]
+            if top in _tops_with_dist_info(base):
+                return True
+    return False
+
+
+@functools.lru_cache(maxsize=256)
+def _tops_with_dist_info(base: str) -> frozenset[str]:
+    tops: set[str] = set()
+    try:
+        infos = [n for n in os.listdir(base) if n.endswith(".dist-info")]
+    except OSError:
+        return frozenset()
+    for info in infos:
+        try:
+            with open(os.path.join(base, info, "top_level.txt")) as f:
+                tops.update(line.strip() for line in f if line.strip())
+            continue
+        except OSError:
+            pass
+        try:  # no top_level.txt (most wheels built without setuptools): the files it installed
+            with open(os.path.join(base, info, "RECORD")) as f:
+                for line in f:
+                    first = line.split(",", 1)[0].split("/", 1)[0]
+                    if first and not first.endswith((".dist-info", ".data")) and first != "..":
+                        tops.add(first.split(".", 1)[0])
+        except OSError:
+            pass
+    return frozenset(tops)
 
 
 def is_library_module(name: str | None) -> bool:
@@ -258,7 +301,8 @@ def _find_function_source(code: types.CodeType, glb: dict[str, Any]) -> Source:
         raise SourceError(f"the definition of {what} cannot be found in {code.co_filename} at line "
                           f"{code.co_firstlineno}; the file was edited after it was loaded")
     raise SourceError(f"the source of {what} in {code.co_filename} (line {code.co_firstlineno}) no "
-                      "longer matches the running code: the file was edited after it was loaded. "
+                      "longer matches the running code: the file was edited after it was loaded (or an import "
+                      "hook, such as pytest's assertion rewriting, compiled other code from it). "
                       "Restart the program from the file, or capture before editing it")
 
 
@@ -362,12 +406,20 @@ def find_class_source(cls: type) -> Source:
         compiled = compile_source(src)
     except SyntaxError as e:
         raise SourceError(f"{what} cannot be compiled again from {filename}: {e}") from None
-    by_qualname = {c.co_qualname: c for c in _walk_codes(compiled.target)}
+    # A property's getter and setter share a qualified name: tell them apart by first line
+    # too (the scaffold keeps every line's number).
+    by_qualname: dict[str, list[types.CodeType]] = {}
+    for c in _walk_codes(compiled.target):
+        by_qualname.setdefault(c.co_qualname, []).append(c)
     for f in class_functions(cls):
-        mine = by_qualname.get(f.__code__.co_qualname)
+        same = by_qualname.get(f.__code__.co_qualname, [])
+        at = [c for c in same if c.co_firstlineno == f.__code__.co_firstlineno]
+        mine = at[0] if at else (same[-1] if same else None)
         if mine is not None and f.__code__.co_filename == filename and not _same_code(mine, f.__code__):
             raise SourceError(f"the source of {what} in {filename} (line {first}) no longer matches "
-                              "the running code: the file was edited after it was loaded. Restart "
+                              "the running code: the file was edited after it was loaded (or an "
+                              "import hook, such as pytest's assertion rewriting, compiled other code "
+                              "from it). Restart "
                               "the program from the file, or capture before editing it")
     return src
 

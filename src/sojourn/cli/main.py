@@ -4,6 +4,15 @@ from __future__ import annotations
 
 import sys
 
+if sys.argv[1:2] in (["run"], ["resume"]):
+    # First, before the imports: a signal while `sojourn run` starts up is served by its
+    # supervisor once it runs (workspace/held.py), not the default death.
+    import signal
+
+    from sojourn.workspace import held
+
+    held.hold((signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1))
+
 import click
 
 from sojourn.errors import SojournError
@@ -30,6 +39,7 @@ def _register() -> None:
     cli.add_command(capsule_cmds.inspect_cmd)
     cli.add_command(capsule_cmds.verify_cmd)
     cli.add_command(capsule_cmds.source_cmd)
+    cli.add_command(capsule_cmds.env_cmd)
     from sojourn.cli import machine_cmds
 
     cli.add_command(machine_cmds.machines_cmd)

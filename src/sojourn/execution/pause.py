@@ -36,6 +36,12 @@ EXIT_PAUSED = 75  # a capsule was written; `resume` carries on (EX_TEMPFAIL)
 EXIT_PAUSE_FAILED = 76  # a pause had to be taken (SIGTERM) but could not be before its deadline
 EXIT_OOM = 77  # out of memory inside a loop: a capsule positioned before the failing statement (see oom)
 
+# While a pause is deferred, no attempt is made before what deferred it returned
+# (PauseController._defer).
+DEFER_MAX_WAIT = 0.25  # with a barrier frame, polled every BARRIER_POLL s
+BARRIER_POLL = 0.001
+HOT_CHECKS = 64  # checks in a row that found the barrier holding, before the watchdog polls instead
+
 # Run just before the process ends with a capsule (os._exit skips atexit): e.g. DataLoader
 # workers are shut down, so that they do not hold the session's output pipes open.
 _BEFORE_EXIT: list[Callable[[], None]] = []
@@ -60,6 +66,7 @@ class PauseEvent:
     seconds_capture: float
     action: str  # "exit" or "continue"
     paused_at: float = 0.0  # time.perf_counter() when the statement boundary was reached
+    checked: bool = False  # the write check (PauseConfig.verify) passed before the process ended
 
 
 @dataclass(frozen=True)
@@ -67,6 +74,8 @@ class PauseRefusal:
     reason: str
     message: str
     problems: tuple[Problem, ...] = ()
+    capsule: str | None = None  # a capsule was written but failed its write check (marked failed)
+    error: str | None = None  # ... and why
 
 
 @dataclass
@@ -80,6 +89,11 @@ class _Request:
     deferrals: int = 0
     last_deferral: str = ""
     kind: str = "pause"  # or "scan"
+    # While deferred, the flag is off until then (perf_counter): see PauseController._defer.
+    rearm_at: float | None = None
+    barrier: types.FrameType | None = None  # no attempt while it holds (Deferred.barrier)
+    lasti: int | None = None
+    held: int = 0  # checks in a row that found the barrier holding
 
 
 @dataclass
@@ -103,6 +117,12 @@ class PauseConfig:
     # Called with the error, in the main thread, before an out-of-memory capture (make room).
     on_oom: Callable[[BaseException], None] | None = None
     oom_reserve: int | None = None  # bytes held back for that capture (None: SOJOURN_OOM_RESERVE or 32 MiB)
+    # The write check of a capsule that ends the process, run while the program waits at its
+    # statement boundary: (capsule id, seconds left before the request's deadline or None)
+    # -> None when the capsule restores in a fresh interpreter with every fingerprint equal,
+    # else why not (the pause is then refused and the program keeps running); raises
+    # TimeoutError when it could not finish in the time left (the capsule is kept, unchecked).
+    verify: Callable[[str, float | None], str | None] | None = None
 
 
 class PauseController:
@@ -118,6 +138,7 @@ class PauseController:
         self.main_thread = threading.main_thread().ident
         self.skip = 0
         self._wake = threading.Event()
+        self._switch: float | None = None  # the GIL's switch interval, while a deferral polls
         self.history: list[PauseEvent] = []
         self.oom_notes: dict[int, str] = {}  # id(error) -> why no out-of-memory capsule was taken
 
@@ -168,22 +189,42 @@ class PauseController:
         self._wake.set()
 
     def _watchdog(self) -> None:
+        """Gives up a request whose deadline passed, and turns the flag back on for a deferred
+        one when its wait is over (:meth:`_defer`). Woken by :meth:`_watch`."""
         while True:
-            self._wake.wait()
-            self._wake.clear()
             req = self.request
-            if req is None:
+            if req is None or req.done.is_set():
+                if req is not None:
+                    req.barrier = None  # a frame holds its locals alive
+                self._switch_back()
+                self._wake.wait()
+                self._wake.clear()
                 continue
-            while not req.done.wait(0.1):
-                if req.deadline is not None and time.perf_counter() - req.t0 >= req.deadline:
+            now = time.perf_counter()
+            wait = 0.1
+            if req.deadline is not None:
+                left = req.t0 + req.deadline - now
+                if left <= 0:
                     self._timeout(req)
-                    break
+                    continue
+                wait = min(wait, left)
+            rearm = req.rearm_at
+            if rearm is not None:
+                if rearm <= now or self._returned(req):
+                    req.rearm_at = None
+                    self._switch_back()
+                    if not req.done.is_set():
+                        self.rt.set_flag(True)
+                    continue
+                wait = min(wait, rearm - now, BARRIER_POLL if req.barrier is not None else wait)
+            self._wake.wait(wait)
+            self._wake.clear()
 
     def _timeout(self, req: _Request) -> None:
         with self.lock:
             if req.done.is_set():
                 return
-            why = req.last_deferral or self.where_main()
+            why = self._barrier_words(req) or req.last_deferral or self.where_main()
             msg = f"could not pause within {req.deadline:g} s ({req.reason}): {why}"
             req.done.set()
             self.rt.set_flag(False)
@@ -194,6 +235,24 @@ class PauseController:
                 os._exit(EXIT_PAUSE_FAILED)
             self._log(f"{msg}; the program keeps running")
             self._refused(PauseRefusal(req.reason, msg))
+
+    def _barrier_words(self, req: _Request) -> str | None:
+        """What a deferred pause still waited for at its deadline, in the program's terms:
+        the call of the program's own code that had not returned."""
+        b = req.barrier
+        if b is None or not self._holds(req, sys._current_frames().get(self.main_thread or 0)):
+            return None
+        if req.lasti is not None:  # the program's frame, waiting in a call made for it by other code
+            return (f"the program was still in the call at {b.f_code.co_filename}:{b.f_lineno} "
+                    f"(in {b.f_code.co_qualname}), through library or C code (map(), sorted(key=...), a "
+                    "comprehension...), which had not returned; a pause lands only at the program's own statements")
+        caller = b.f_back
+        while caller is not None and self.rt.scope_of(caller.f_code) is None:
+            caller = caller.f_back
+        at = f", called from {caller.f_code.co_filename}:{caller.f_lineno}" if caller is not None else ""
+        what = "a comprehension" if b.f_code.co_name.startswith("<") else f"{b.f_code.co_qualname}()"
+        return (f"the program was still inside {what} ({b.f_code.co_filename}:{b.f_lineno}){at}, which had "
+                "not returned; a pause lands only at the program's own statements")
 
     def where_main(self) -> str:
         frame = sys._current_frames().get(self.main_thread or 0)
@@ -229,6 +288,13 @@ class PauseController:
         if self.skip:
             self.skip -= 1
             return
+        if req.barrier is not None:
+            if self._holds(req, frame):  # still waiting for the library code to return (_defer)
+                req.held += 1
+                if req.held >= HOT_CHECKS:
+                    self._poll(req)
+                return
+            req.barrier = None
         now = time.perf_counter()
         self.busy = True
         try:
@@ -259,6 +325,7 @@ class PauseController:
                 # An expensive check (a walk over the program's objects) is not repeated at
                 # every statement, only at every 50th.
                 self.skip = 50
+            self._defer(req, d)
             return
         except Refused as r:
             self._give_up(req, PauseRefusal(req.reason, str(r), tuple(r.problems)))
@@ -270,6 +337,11 @@ class PauseController:
             message = str(e) if isinstance(e, CaptureError) else f"the capture failed: {type(e).__name__}: {e}"
             self._give_up(req, PauseRefusal(req.reason, message, problems))
             return
+        if event.action == "exit" and self.config.verify is not None:
+            checked = self._check(req, event)
+            if checked is None:
+                return
+            event = checked
         if event.action == "exit":
             self.landed(event, EXIT_PAUSED,
                         f"paused ({event.reason}, {event.seconds_to_pause * 1e3:.2f} ms after the request) at "
@@ -278,6 +350,89 @@ class PauseController:
         self.landed(event, None, f"checkpoint {event.capsule} at {event.where}")
         req.done.set()
         self.rt.set_flag(False)
+
+    def _check(self, req: _Request, event: PauseEvent) -> PauseEvent | None:
+        """The write check, before the process ends: the event, marked checked (or not, when
+        the deadline left no time for it), or None when the capsule failed it: then the pause
+        is refused, the capsule is marked failed, and the program carries on from this
+        statement, as if no pause had been asked. No pause ends a job."""
+        import dataclasses
+
+        assert self.config.verify is not None
+        left = None if req.deadline is None else req.deadline - (time.perf_counter() - req.t0)
+        if left is not None and left <= 0.5:
+            self._log(f"no time left for the write check of {event.capsule} before the deadline; "
+                      "it is checked when it is recorded")
+            return event
+        try:
+            error = self.config.verify(event.capsule, left)
+        except TimeoutError:
+            self._log(f"the write check of {event.capsule} did not finish before the deadline; "
+                      "it is checked when it is recorded")
+            return event
+        except Exception as e:
+            error = f"the check could not run: {type(e).__name__}: {e}"
+        if error is None:
+            return dataclasses.replace(event, checked=True)
+        self._give_up(req, PauseRefusal(req.reason, f"capsule {event.capsule} failed its write check, so it was "
+                                        f"not used: {error}", capsule=event.capsule, error=error))
+        return None
+
+    def _defer(self, req: _Request, d: Deferred) -> None:
+        """Keep a deferred program fast. A library loop calling back into the program passes
+        a check at every callback; an attempt at each of them (a walk over the stack) made
+        it run 30-300 times slower.
+
+        With a barrier (``Deferred.barrier``: until when nothing can land), the next checks
+        only look whether it still holds (:meth:`_holds`, a few frames up) and the pause is
+        attempted at the first check after it stopped holding: the program's first pause
+        point after the library code or the comprehension returned. When checks come often
+        (:data:`HOT_CHECKS` in a row held), even that is too much: the flag goes off (checks
+        cost nothing again) and the watchdog thread looks at the main thread's stack every
+        :data:`BARRIER_POLL` seconds instead, turning the flag on once the barrier stopped
+        holding (at the latest after :data:`DEFER_MAX_WAIT`); the pause then lands a
+        millisecond or so after the return. Without a barrier (a live autograd graph, an
+        expression of the program's own code), every check attempts again, as the pause
+        may land at the next statement. Measured in ``bench/bench_execution.py`` ("while a
+        pause waits")."""
+        req.barrier, req.lasti, req.held = d.barrier, d.lasti, 0
+
+    def _poll(self, req: _Request) -> None:
+        """Checks come too often to look at each: the flag off, the watchdog polls."""
+        req.held = 0
+        if self._switch is None:
+            # The watchdog polls every millisecond; the main thread, running the program,
+            # hands it the GIL only after the switch interval (5 ms by default).
+            self._switch = sys.getswitchinterval()
+            sys.setswitchinterval(min(self._switch, BARRIER_POLL / 2))
+        req.rearm_at = time.perf_counter() + DEFER_MAX_WAIT
+        self.rt.set_flag(False)
+        self._wake.set()
+
+    def _switch_back(self) -> None:
+        if self._switch is not None:
+            sys.setswitchinterval(self._switch)
+            self._switch = None
+
+    @staticmethod
+    def _holds(req: _Request, frame: types.FrameType | None) -> bool:
+        """Whether the barrier of ``req`` still holds with ``frame`` innermost: its frame is
+        on the stack and (with ``lasti``) waits in the same call, called from a frame above."""
+        b = req.barrier
+        if b is None:
+            return False
+        f = frame
+        while f is not None:
+            if f is b:
+                return req.lasti is None or (f is not frame and f.f_lasti == req.lasti)
+            f = f.f_back
+        return False
+
+    def _returned(self, req: _Request) -> bool:
+        """Whether the barrier of ``req`` stopped holding on the main thread's stack."""
+        if req.barrier is None:
+            return False
+        return not self._holds(req, sys._current_frames().get(self.main_thread or 0))
 
     def landed(self, event: PauseEvent, exit_code: int | None, message: str) -> None:
         """A capsule was written: tell the callback, log it, and end the process with
@@ -326,9 +481,32 @@ class PauseController:
 
         req.done.set()
         self.rt.set_flag(False)
-        problems = cap.scan_state(self.rt, pos)
+        problems = cap.scan_state(self.rt, pos, rehearse=False)
         if problems:
-            self._log("warning: a pause now would be refused:\n" + "\n".join(f"  - {p}" for p in problems))
+            self._warn_scan(problems)
+            return
+        # What the write check would refuse: rehearsed in a forked child while the program
+        # runs on; a thread waits for its answer.
+        if getattr(self, "_rehearsing", False):
+            return  # one child at a time: a short scan interval must not pile them up
+        wait = cap.rehearse_state(self.rt, pos)
+        if wait is not None:
+            self._rehearsing = True
+            threading.Thread(target=self._rehearsed, args=(wait,), name="sojourn-rehearse", daemon=True).start()
+
+    def _rehearsed(self, wait: Any) -> None:
+        try:
+            problems = wait()
+        except Exception as e:
+            self._log(f"the rehearsal of the write check failed: {type(e).__name__}: {e}")
+            return
+        finally:
+            self._rehearsing = False
+        if problems:
+            self._warn_scan(problems)
+
+    def _warn_scan(self, problems: Any) -> None:
+        self._log("warning: a pause now would be refused:\n" + "\n".join(f"  - {p}" for p in problems))
 
     def _log(self, message: str) -> None:
         if self.config.log is not None:
@@ -355,9 +533,22 @@ class PauseController:
                 self.request_pause(name, deadline, action, on_timeout)
 
             signal.signal(signum, handler)
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, self._on_sigint)
         if self.config.scan_interval:
             t = threading.Thread(target=self._scan_loop, name="sojourn-scan", daemon=True)
             t.start()
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        """Python's own ``KeyboardInterrupt``, after dropping a pause that a first Ctrl-C
+        asked for (reason ``interrupt``, from the supervisor): a second Ctrl-C means
+        "interrupt the program", not "and then suspend it"."""
+        req = self.request
+        if req is not None and req.reason == "interrupt" and not req.done.is_set():
+            req.done.set()
+            self.rt.set_flag(False)
+            self._log("pause dropped: Ctrl-C again, the program gets KeyboardInterrupt")
+        raise KeyboardInterrupt
 
     def _scan_loop(self) -> None:
         interval = self.config.scan_interval or 0

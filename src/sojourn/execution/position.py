@@ -30,7 +30,18 @@ CO_COROUTINE = inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | inspect.CO_IT
 
 
 class Deferred(Exception):
-    """The program is not at a resumable point now; the next statement boundary may be."""
+    """The program is not at a resumable point now; the next statement boundary may be.
+
+    ``barrier``, when known, says until when no attempt can land, so none is made
+    (``PauseController``): while the frame ``barrier`` is on the stack (library code, a
+    comprehension), or, with ``lasti``, while the program's frame ``barrier`` still waits in
+    the call at that instruction (its callee was called by a C function in between, or from
+    inside an expression)."""
+
+    def __init__(self, message: str, barrier: types.FrameType | None = None, lasti: int | None = None):
+        super().__init__(message)
+        self.barrier = barrier
+        self.lasti = lasti
 
 
 class Refused(SojournError):
@@ -255,7 +266,7 @@ def capture(rt: Runtime, frame: types.FrameType, sid: int) -> Position:
             continue
         info = rt.scope_of(f.f_code)
         if info is None:
-            raise Deferred(_why_not_user(f))
+            raise Deferred(_why_not_user(f), f)
         user.append(_UserFrame(f, info[0], info[1], pending))
         pending = None
     if pending is not None:
@@ -309,7 +320,7 @@ def _waiting(rec: FrameRecord, u: _UserFrame, nxt: _UserFrame, layout: Any) -> t
     here = f"{f.f_code.co_filename}:{f.f_lineno}"
     if site is None or key in layout.ambiguous:
         raise Deferred(f"{here}: {callee.f_code.co_qualname} was called from inside an expression "
-                       "(a condition, a comprehension, a default argument...); the pause waits until it returns")
+                       "(a condition, a comprehension, a default argument...); the pause waits until it returns", f, f.f_lasti)
     rec.sid = site.sid
     is_gen = bool(callee.f_code.co_flags & CO_GENERATOR)
     if site.kind == "call":
@@ -322,14 +333,14 @@ def _waiting(rec: FrameRecord, u: _UserFrame, nxt: _UserFrame, layout: Any) -> t
             gen = _driven_generator(site, f, callee)
             if gen is None:
                 raise Deferred(f"{here}: generator {callee.f_code.co_qualname} is driven by something "
-                               "other than next(), send() or a for loop")
+                               "other than next(), send() or a for loop", f, f.f_lasti)
             rec.via, rec.gen = "gen", gen
             return None, "call"
         target = resolve(site.func, f)
         found = function_for(target, callee.f_code)
         if found is None:
             raise Deferred(f"{here}: {callee.f_code.co_qualname} was not called directly by the statement "
-                           "(library code or a C function in between)")
+                           "(library code or a C function in between)", f, f.f_lasti)
         rec.via = "reenter"
         return found
     if site.kind == "foriter":
@@ -345,13 +356,13 @@ def _waiting(rec: FrameRecord, u: _UserFrame, nxt: _UserFrame, layout: Any) -> t
         if isinstance(nxt_fn, types.FunctionType) and nxt_fn.__code__ is callee.f_code:
             rec.via = "next"
             return nxt_fn, "call"
-        raise Deferred(f"{here}: the for loop's iterator runs library code")
+        raise Deferred(f"{here}: the for loop's iterator runs library code", f, f.f_lasti)
     if site.kind == "yieldfrom":
         it = f.f_locals.get(site.itvar or "")
         if is_gen and getattr(it, "gi_frame", None) is callee:
             rec.mode, rec.via, rec.gen = "call", "gen", it
             return None, "call"
-        raise Deferred(f"{here}: yield from delegates to an iterator that runs library code")
+        raise Deferred(f"{here}: yield from delegates to an iterator that runs library code", f, f.f_lasti)
     raise Deferred(f"{here}: not a resumable point")
 
 

@@ -74,9 +74,10 @@ def _prepare(script: Path, argv: Sequence[str]) -> types.ModuleType:
     else:
         sys.path.append(str(script.parent))
     importer.install([str(script.parent), os.getcwd()])
-    from sojourn.execution import loaders
+    from sojourn.execution import libiters, loaders
 
     loaders.install()
+    libiters.install()
     return _new_main(script)
 
 
@@ -97,10 +98,11 @@ def _repository_id(repo: Any) -> str | None:
 def _config(repo: Any, on_capsule: Callable[[pause.PauseEvent], None] | None,
             on_refusal: Callable[[pause.PauseRefusal], None] | None, parent: str | None,
             files: str | None, labels: dict[str, Any] | None, signals: dict[int, tuple[str, float | None, str]] | None,
-            scan_interval: float | None, on_oom: Callable[[BaseException], None] | None) -> pause.PauseConfig:
+            scan_interval: float | None, on_oom: Callable[[BaseException], None] | None,
+            verify: Callable[[str, float | None], str | None] | None = None) -> pause.PauseConfig:
     cfg = pause.PauseConfig(repo=repo, repo_id=_repository_id(repo), files=files, parent=parent,
                             labels=dict(labels or {}), on_capsule=on_capsule, on_refusal=on_refusal,
-                            scan_interval=scan_interval, on_oom=on_oom)
+                            scan_interval=scan_interval, on_oom=on_oom, verify=verify)
     if signals is not None:
         cfg.signals = dict(signals)
     return cfg
@@ -129,6 +131,7 @@ def run_script(
     signals: dict[int, tuple[str, float | None, str]] | None = None,
     scan_interval: float | None = 600.0,
     on_oom: Callable[[BaseException], None] | None = None,
+    verify: Callable[[str, float | None], str | None] | None = None,
 ) -> int:
     """Run the script at ``path`` with ``argv`` as ``__main__`` in this process.
 
@@ -138,13 +141,16 @@ def run_script(
     When an out-of-memory error escapes a statement inside a loop of the program,
     ``on_oom(error)`` is called (make room for the capture), a capsule positioned before that
     statement goes to ``on_capsule`` (reason ``"oom"``), and the process exits with
-    :data:`~sojourn.execution.oom.EXIT_OOM`.
+    :data:`~sojourn.execution.oom.EXIT_OOM`. With ``verify`` (``PauseConfig.verify``), a
+    capsule that would end the process is checked first, while the program waits; one that
+    fails is refused and the program carries on.
     """
     script = Path(path).resolve()
     source = _read_source(script)
     main = _prepare(script, [str(path), *argv])
     tm = RUNTIME.load(source, "__main__", str(script), main.__dict__)
-    ctl = pause.start(_config(repo, on_capsule, on_refusal, parent, files, labels, signals, scan_interval, on_oom))
+    ctl = pause.start(_config(repo, on_capsule, on_refusal, parent, files, labels, signals, scan_interval, on_oom,
+                              verify))
     ctl.enabled = True
     _run(ctl, tm.code, main.__dict__)
     return 0
@@ -241,6 +247,7 @@ def resume(
     files: str | None = None,
     before_run: Callable[[], None] | None = None,
     on_edit: Callable[[list[dict[str, Any]]], None] | None = None,
+    verify: Callable[[str, float | None], str | None] | None = None,
 ) -> Any:
     """Carry on, in this (fresh) process, the program paused in capsule ``capsule_id``.
 
@@ -256,7 +263,9 @@ def resume(
     import time
 
     from sojourn.capsule import format as fmt
+    from sojourn.capsule.environment import refuse_missing
     from sojourn.capsule.restore import restore_capsule
+    from sojourn.errors import MissingLibraryError
     from sojourn.execution.reducers import prime_rebuilt
     from sojourn.execution.resumeform import imports_code, module_resume_code
     from sojourn.execution.transform import REC
@@ -273,6 +282,12 @@ def resume(
             raise ResumeError(f"capsule {manifest.id} was written by another version of sojourn's "
                               f"execution engine (format {info.get('version')}, transform "
                               f"{info.get('transform')}); resume it with that version")
+        # Before the program's imports run again: a missing library is named in one line (as a
+        # ResumeError, which the session reports as such), not a traceback.
+        try:
+            refuse_missing(manifest)
+        except MissingLibraryError as e:
+            raise ResumeError(str(e)) from None
         script = _find_script(info)
         changes = _check_sources(manifest.id, info, script)
         RUNTIME.remaps = {c.module: c.remap for c in changes}
@@ -288,7 +303,7 @@ def resume(
         ctl = None
         if run:  # signals that arrive while the capsule loads are held until the program runs
             ctl = pause.start(_config(repo, on_capsule, on_refusal, manifest.id, files, labels, signals, scan_interval,
-                                      on_oom))
+                                      on_oom, verify))
         _program_path(info, script)
         _import_again(imports_code(tm, int(info["main_top"])), main.__dict__)
         t_defs = time.perf_counter()
@@ -312,9 +327,10 @@ def resume(
         return Resumed(manifest.id, sys.version.split()[0], info.get("where", ""), [*restored.notes, *notes],
                        {"prepare": t_defs - t0, "restore": restored.timings.get("total", 0.0), "total": t_end - t0},
                        [c.event() for c in changes])
-    from sojourn.execution import loaders
+    from sojourn.execution import libiters, loaders
 
     loaders.materialize()  # DataLoader iterators: replayed now, their workers started
+    libiters.materialize()  # library generators in loops: called again and advanced
     if before_run is not None:  # restored and checked: a move's destination waits for its go here
         before_run()
     for note in restored.notes:

@@ -175,6 +175,7 @@ def verify(
     *,
     python: str | None = None,
     timeout: float = 600.0,
+    build_env: bool = False,
 ) -> VerifyReport:
     """Restore the capsule in a fresh interpreter and compare every fingerprint there.
 
@@ -193,6 +194,12 @@ def verify(
         manifest = fmt.load_manifest(r, cap)
         url = r.url
         program = isinstance(manifest.labels.get(LABEL), dict)
+        if python is not None or build_env:
+            # An interpreter too old, without sojourn's own modules or without the capsule's
+            # libraries is named here in one line (or given an environment: ``build_env``).
+            from sojourn.ops.environment import prepare_python
+
+            python = prepare_python(r, cap, python, build_env=build_env)
         t0 = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="sojourn-verify-") as tmp:
             if program:

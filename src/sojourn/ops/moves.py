@@ -134,7 +134,8 @@ def _launch(store: WorkspaceStore, ws: str, al: str, source: str, target: Target
 
 def move(workspace: str, to: str, *, repo: PathLike | None = None, deadline: float = 600.0,
          timeout: float | None = None, wait: float | None = None, max_duration: str | float | None = None,
-         on_progress: Callable[[str, dict[str, Any]], None] | None = None) -> MoveResult:
+         on_progress: Callable[[str, dict[str, Any]], None] | None = None, build_env: bool = False,
+         env_mode: str = "exact") -> MoveResult:
     """Move a running workspace, live, to ``to``. Returns once the destination runs the program,
     or once the move failed (the program then keeps running where it was). ``deadline``:
     seconds the program may take to reach a statement where it can pause; ``timeout``: seconds
@@ -162,6 +163,17 @@ def move(workspace: str, to: str, *, repo: PathLike | None = None, deadline: flo
             raise WorkspaceError(f"workspace {ws} is serving a {rec.pending.get('kind')} request already; "
                                  "try again once it is done")
         target = _target(store, to, rec, parse_duration(max_duration))
+        if target.machine.provider == "local" and (build_env or target.machine.python != sys.executable):
+            # The destination interpreter is checked against (or given) the environment of the
+            # workspace's last capsule (sojourn's own alone before the first) before anything
+            # is launched; the move's own capsule is checked by the destination's restore.
+            from dataclasses import replace
+
+            from sojourn.ops.environment import prepare_python
+
+            last = rec.last_capsule.id if rec.last_capsule is not None else None
+            py = prepare_python(store.repo, last, target.machine.python, build_env=build_env, mode=env_mode)
+            target = replace(target, machine=replace(target.machine, python=py))
         m = target.machine
         move_id, al = R.new_id("mv"), R.new_id("al")
         preload = sorted({_PRELOAD[d] for d in (rec.requirements.get("packages") or {}) if d in _PRELOAD})

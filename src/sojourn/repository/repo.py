@@ -82,7 +82,7 @@ def backend_for(url: str) -> Backend:
 
 
 class Repository:
-    """An open repository. The chunk store (zstandard, blake3, a thread pool) is built on first
+    """An open repository. The chunk store (zstd, blake3, a thread pool) is built on first
     use: workspace commands (`ps`, `show`, a supervisor) never touch chunks and start faster.
 
     ``backend`` retries transient faults (``policy``) and, in an encrypted repository, seals

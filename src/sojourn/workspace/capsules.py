@@ -29,16 +29,21 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def verify_capsule(repo_url: str, capsule: str, *, python: str, cwd: str, timeout: float = 600.0) -> str | None:
+def verify_capsule(repo_url: str, capsule: str, *, python: str, cwd: str, timeout: float = 600.0,
+                   raise_timeout: bool = False) -> str | None:
     """Check a paused program's capsule in a fresh interpreter: every source found unchanged,
     the capsule restored and every fingerprint equal, nothing run. None when it passes,
-    else why not."""
+    else why not. ``raise_timeout``: a check that does not finish in time raises
+    ``TimeoutError`` (the session, checking before it exits, then keeps the capsule) instead
+    of failing the capsule."""
     cmd = [python, "-m", "sojourn.execution", "--repo", repo_url, "check", capsule]
     for attempt in range(3):
         try:
             proc = subprocess.run(cmd, cwd=cwd, env=child_env(), capture_output=True, text=True, timeout=timeout,
                                   stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
+            if raise_timeout:
+                raise TimeoutError(f"the check did not finish within {timeout:.0f} s") from None
             return f"the check did not finish within {timeout:.0f} s"
         except OSError as e:
             return f"the check could not start ({python}): {e}"

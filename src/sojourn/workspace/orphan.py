@@ -52,7 +52,8 @@ def record_orphan_pause(repo_url: str, ws: str, al: str, epoch: int, msg: dict[s
     with open_repository(repo_url) as repo:
         store = WorkspaceStore(repo)
         log_the_rest(repo, ws, al)
-        error = verify_capsule(repo_url, msg["capsule"], python=sys.executable, cwd=os.getcwd())
+        error = None if msg.get("checked") else verify_capsule(repo_url, msg["capsule"], python=sys.executable,
+                                                               cwd=os.getcwd())
         entry = R.CapsuleEntry(id=msg["capsule"], parent=msg.get("parent"), reason=str(msg.get("reason")),
                                where=str(msg.get("where", "")), size=int(msg.get("size", 0)), time=R.now(),
                                allocation=al, verified=error is None, error=error)

@@ -87,6 +87,7 @@ class Channel:
         self.restore_usage: tuple[float, Any] | None = None  # (perf_counter, rusage) at the restore's start
         self.held_signals: list[str] = []  # pause signals that came while held for a move
         self.label: dict[str, Any] = {}
+        self.cwd = os.getcwd()  # where the write check runs (the program may chdir)
         for fd in (self.status_fd, self.control_fd):
             if fd is not None:
                 os.set_inheritable(fd, False)  # not into the program's own subprocesses
@@ -110,6 +111,7 @@ class Channel:
     def on_capsule(self, event: Any) -> None:
         msg = {"event": "capsule", "capsule": event.capsule, "parent": event.parent, "reason": event.reason,
                "where": event.where, "size": event.size, "action": event.action,
+               "checked": bool(getattr(event, "checked", False)),
                "seconds_to_pause": event.seconds_to_pause, "seconds_capture": event.seconds_capture,
                "max_rss": _max_rss()}
         move = self.hold_move
@@ -228,8 +230,30 @@ class Channel:
         cfg.log = once
 
     def on_refusal(self, refusal: Any) -> None:
-        self.send({"event": "refusal", "reason": refusal.reason, "message": refusal.message,
-                   "problems": [{"path": p.path, "type": p.type, "reason": p.reason} for p in refusal.problems]})
+        msg = {"event": "refusal", "reason": refusal.reason, "message": refusal.message,
+               "problems": [{"path": p.path, "type": p.type, "reason": p.reason} for p in refusal.problems]}
+        if getattr(refusal, "capsule", None):  # written, but failed its write check: recorded as failed
+            msg.update(capsule=refusal.capsule, error=refusal.error)
+        self.send(msg)
+
+    def verify(self, capsule: str, left: float | None) -> str | None:
+        """The write check of a capsule that ends this process, run here while the program
+        waits at its statement boundary (``PauseConfig.verify``): a capsule that fails it is
+        refused like any pause, and the program keeps running. Within the time the request
+        leaves (a notice's deadline), less a second to exit in."""
+        from sojourn.workspace.capsules import verify_capsule
+
+        timeout = 600.0 if left is None else max(0.5, left - 1.0)
+        if self.ns.files:
+            # The capsule carries the directory's files: the check restores them, so it runs in
+            # a scratch folder, not over the program's own (as checkpoints.py does).
+            import tempfile
+
+            with tempfile.TemporaryDirectory(prefix="sojourn-check-") as tmp:
+                return verify_capsule(self.ns.repo, capsule, python=sys.executable, cwd=tmp, timeout=timeout,
+                                      raise_timeout=True)
+        return verify_capsule(self.ns.repo, capsule, python=sys.executable, cwd=self.cwd, timeout=timeout,
+                              raise_timeout=True)
 
     # -- from the supervisor ----------------------------------------------------------------
 
@@ -372,7 +396,36 @@ def _program_ran() -> bool:
         return False
 
 
+HELD = ("SIGTERM", "SIGUSR1")  # the engine's pause signals (execution.pause.PauseConfig.signals)
+
+
+def serve_held(ch: Channel) -> None:
+    """Signals that came before the engine installed its handlers (``held.py``) become the
+    pauses the engine would have made of them, once it has (a thread: the main thread is
+    compiling or restoring the program meanwhile)."""
+    import signal
+
+    from sojourn.workspace import held
+
+    nums = [getattr(signal, n) for n in HELD]
+    while any(held.holding(n) for n in nums):
+        time.sleep(0.02)
+    from sojourn.execution import pause
+
+    for signum in held.take():
+        try:
+            action, deadline, on_timeout = pause.controller().config.signals[signum]
+        except (RuntimeError, KeyError):
+            action, deadline, on_timeout = "exit", 30.0, "exit"
+        ch._request(held.name(signum), deadline, action, on_timeout)
+
+
 def main(argv: list[str] | None = None) -> int:
+    import signal
+
+    from sojourn.workspace import held
+
+    held.hold(tuple(getattr(signal, n) for n in HELD))  # first: a SIGTERM now must not kill the session
     parser = argparse.ArgumentParser(prog="python -m sojourn.workspace.session")
     parser.add_argument("--repo", required=True)
     parser.add_argument("--workspace", default="")
@@ -410,6 +463,11 @@ def main(argv: list[str] | None = None) -> int:
              "python_version": platform.python_version(), "executable": sys.executable,
              "arch": platform.machine(), "platform": sys.platform})
     ch.start()
+    if ns.cmd != "incoming":
+        threading.Thread(target=serve_held, args=(ch,), name="sojourn-held", daemon=True).start()
+    else:
+        for n in HELD:  # a move's destination: signals act as before its engine starts
+            held.release(getattr(signal, n))
 
     from sojourn.execution import runner
 
@@ -419,6 +477,8 @@ def main(argv: list[str] | None = None) -> int:
     entry = runner.run_script if ns.cmd == "run" else runner.resume
     if ns.files:
         opts["files"] = ns.files
+    if "verify" in inspect.signature(entry).parameters and ns.cmd != "incoming":
+        opts["verify"] = ch.verify  # checked before the process ends: a failed check ends no job
     if "on_oom" in inspect.signature(entry).parameters:
         # The engine captures an out-of-memory error as a capsule: give that capture room.
         opts["on_oom"] = lambda e: lift_memory_limit()

@@ -29,6 +29,12 @@ def supervise_argv(repo_url: str, workspace: str, allocation: str, epoch: int, m
 
 
 def main(argv: list[str] | None = None) -> int:
+    import signal
+
+    from sojourn.workspace import held
+
+    # First: a signal while this supervisor starts up is served once it runs, not its death.
+    held.hold((signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1))
     parser = argparse.ArgumentParser(prog="python -m sojourn.workspace.supervise")
     parser.add_argument("--repo", required=True)
     parser.add_argument("--workspace", required=True)

@@ -13,8 +13,9 @@ a ``stopped`` event that says what happened. Threads:
   by ``sojourn suspend`` from any host), hands them to the session over the control pipe,
   reports what a pending pause waits for, writes log pieces, and checks that this allocation
   still holds the authority (if not, another holder runs the workspace and this copy stops);
-* the main thread waits for the session and forwards signals to it: SIGTERM, SIGUSR1 and
-  SIGINT as they are, SIGHUP as SIGTERM (a closed terminal pauses the program).
+* the main thread waits for the session and forwards signals to it (supsignals.py): SIGTERM
+  and SIGUSR1 as they are, SIGHUP as SIGTERM (a closed terminal pauses the program), Ctrl-C
+  as a pause (twice within 3 s: ``KeyboardInterrupt`` in the program).
 """
 
 from __future__ import annotations
@@ -41,12 +42,14 @@ from sojourn.workspace.logs import LogWriter, output_base
 from sojourn.workspace.machine import spend
 from sojourn.workspace.output import OutputCallback, OutputFiles
 from sojourn.workspace.store import WorkspaceStore
+from sojourn.workspace.supsignals import FORWARDED, SignalForwarding
+
+__all__ = ["FORWARDED", "Outcome", "SessionSpec", "Supervisor"]
 
 EXIT_PAUSED = 75  # the program paused and its capsule passed the write check
 EXIT_PAUSE_FAILED = 76  # a pause was taken but its capsule failed the check, or none could be taken
 EXIT_OOM = 77  # the program ran out of memory (`sojourn show` says whether a capsule was taken)
 
-FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
 # How often the pump reads the output files when the status pipe is quiet: every 25 ms while
 # the program writes, backing off to 100 ms while it does not (an idle session costs little).
 TAIL_INTERVAL, TAIL_IDLE = 0.025, 0.1
@@ -91,7 +94,7 @@ class Outcome:
 oom_reason = E.oom_reason
 
 
-class Supervisor:
+class Supervisor(SignalForwarding):
     def __init__(self, store: WorkspaceStore, spec: SessionSpec, *, on_output: OutputCallback | None = None,
                  log_interval: float = 2.0, poll_interval: float | None = None):
         self.store = store
@@ -127,6 +130,8 @@ class Supervisor:
         self.committed = not spec.incoming
         self.held_started: dict[str, Any] | None = None
         self.background: list[threading.Thread] = []  # write checks of checkpoints (checkpoints.py)
+        self._interrupted: float | None = None  # when the last Ctrl-C asked for a pause (monotonic)
+        self._pump_errors = 0
         self._append_lock = threading.Lock()
         self._backlog: list[dict[str, Any]] = []  # events an outage kept from the repository
 
@@ -252,33 +257,6 @@ class Supervisor:
         self._ctl_w = self._status_r = None
         self.output.close()
 
-    # -- signals ---------------------------------------------------------------------------
-
-    def _install_signals(self) -> dict[int, Any]:
-        if threading.current_thread() is not threading.main_thread():
-            return {}
-        old: dict[int, Any] = {}
-        for sig in FORWARDED:
-            old[sig] = signal.signal(sig, self._forward)
-        return old
-
-    def _restore_signals(self, old: dict[int, Any]) -> None:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
-
-    def _forward(self, signum: int, frame: Any) -> None:
-        if self.notices is not None and self.notices.signal(signum):
-            return  # issue 6: a notice (Slurm's --signal, Kubernetes' SIGTERM); _on_notice pauses
-        target = signal.SIGTERM if signum == signal.SIGHUP else signum
-        if signum == signal.SIGHUP:
-            self.on_output = None  # the terminal is gone
-        p = self.proc
-        if p is not None and p.returncode is None:
-            try:
-                os.kill(p.pid, target)
-            except ProcessLookupError:
-                pass
-
     # -- the pump: output and status -------------------------------------------------------
 
     def _pump(self) -> None:
@@ -314,14 +292,26 @@ class Supervisor:
             status_buf += data
             while b"\n" in status_buf:
                 line, status_buf = status_buf.split(b"\n", 1)
-                self._status(line)
+                try:
+                    self._status(line)
+                except Exception as e:  # an event that could not be recorded must not stop the pump
+                    self._pump_error(e)
         self._tail()  # what the session wrote last, before its status pipe ended
 
     def _tail(self) -> int:
-        got, echoing = self.output.read(self.log, self.on_output)
+        try:
+            got, echoing = self.output.read(self.log, self.on_output)
+        except Exception as e:  # the repository hiccuped: keep pumping (the files keep the output)
+            self._pump_error(e)
+            return 0
         if not echoing:
             self.on_output = None
         return got
+
+    def _pump_error(self, e: Exception) -> None:
+        self._pump_errors += 1
+        if self._pump_errors % 50 == 1:
+            print(f"sojourn: supervisor of {self.spec.workspace}: {type(e).__name__}: {e}", file=sys.stderr)
 
     def _status(self, line: bytes) -> None:
         try:
@@ -359,8 +349,15 @@ class Supervisor:
             self.refusals.append(msg)
             with self._lock:
                 self.pending = None
+            if msg.get("capsule"):  # written, failed its write check in the session: marked failed
+                entry = R.CapsuleEntry(id=str(msg["capsule"]), parent=None, reason=str(msg.get("reason")),
+                                       where="", size=0, time=R.now(), allocation=self.spec.allocation,
+                                       verified=False, error=str(msg.get("error") or msg.get("message")))
+                self.append({"type": "capsule", "capsule": entry.__dict__})
             self.append({"type": "refused", "reason": msg.get("reason"), "message": msg.get("message"),
                          "problems": msg.get("problems", [])})
+            if self.hard_stopped is not None and msg.get("reason") == "hard-stop":
+                self._end_hard_stop("the session was stopped")  # refused: no use waiting for the grace
         elif kind == "edited":
             self.append({"type": "edited", "capsule": msg.get("capsule"), "files": msg.get("files", [])})
         elif kind == "status":
@@ -463,7 +460,15 @@ class Supervisor:
                        "on_timeout": "exit"})
         if self._done.wait(2 * grace + 5.0):
             return
-        self.hard_stopped += f"; no pause could be taken within {grace:g} s, so the session was killed"
+        self._end_hard_stop(f"no pause could be taken within {grace:g} s, so the session was killed")
+
+    def _end_hard_stop(self, why: str) -> None:
+        """The allocation's time is up and the program cannot pause: end it (the workspace
+        keeps its last good capsule, which the stop's detail names)."""
+        with self._lock:
+            if self.hard_stopped is None or "the session was" in self.hard_stopped:
+                return
+            self.hard_stopped += f"; {why}"
         p = self.proc
         if p is not None and p.returncode is None:
             try:
@@ -524,7 +529,10 @@ class Supervisor:
         ran = bool(self.exit_msg.get("ran", True)) if self.exit_msg else True
         if self.capsule_msg is not None:
             m = self.capsule_msg
-            error = verify_capsule(self.repo_url, m["capsule"], python=s.python, cwd=s.cwd)
+            # Checked by the session before it exited (while the program waited, so that a
+            # failure let it carry on), or not: when the deadline left no time, or an OOM.
+            error = None if m.get("checked") else verify_capsule(self.repo_url, m["capsule"], python=s.python,
+                                                                 cwd=s.cwd)
             cap_entry = R.CapsuleEntry(id=m["capsule"], parent=m.get("parent"), reason=str(m.get("reason")),
                                        where=str(m.get("where", "")), size=int(m.get("size", 0)), time=R.now(),
                                        allocation=s.allocation, verified=error is None, error=error)
@@ -554,6 +562,13 @@ class Supervisor:
         return Outcome(reason, state, code, None if self.capsule_msg else rc, detail,
                        cap_entry, ran, max_rss, list(self.refusals))
 
+    def _standing_note(self) -> str:
+        """Where the program cannot go on: what the workspace stays on."""
+        good = self._last_good() or (self.spec.capsule if not self.started else None)
+        if good:
+            return f"; the workspace keeps its last good capsule {good} (`sojourn resume` carries on from it)"
+        return "; there is no earlier capsule to resume from"
+
     def _last_good(self) -> str | None:
         rec = self.store.record(self.spec.workspace, save=False)
         return rec.last_capsule.id if rec.last_capsule else None
@@ -567,7 +582,9 @@ class Supervisor:
             if cap is not None and cap.verified:
                 return "hard-stop", f"{self.hard_stopped}: paused at {cap.where}", EXIT_PAUSED
             why = f"capsule {cap.id} failed its write check: {cap.error}" if cap is not None else "no capsule"
-            return "hard-stop", f"{self.hard_stopped}; {why}", EXIT_PAUSE_FAILED
+            if cap is None and self.refusals:
+                why += f" (the pause was refused: {_refusal_line(self.refusals[-1])})"
+            return "hard-stop", f"{self.hard_stopped}; {why}{self._standing_note()}", EXIT_PAUSE_FAILED
         if cap is None and not self.started:
             tail = self.output.stderr_tail.decode(errors="replace").strip().splitlines()
             last = f": {tail[-1]}" if tail else ""
@@ -575,8 +592,11 @@ class Supervisor:
                 return "failed", (f"the session was killed by {_signal_name(-rc)} before it started under {self.spec.python}"
                                   f"{last}"), 128 - rc
             return "failed", f"the session did not start under {self.spec.python} (exit code {rc}){last}", rc
-        # The rest is how any session ends, decided in one place (an orphan asks the same).
+        # The rest is how any session ends, decided in one place (an orphan asks the same);
+        # where the program cannot go on, the detail says what the workspace stays on.
         reason, detail = E.exit_reason(rc, self.exit_msg, cap, limit)
+        if (cap is not None and not cap.verified) or (cap is None and rc == EXIT_PAUSE_FAILED):
+            detail += self._standing_note()
         return reason, detail, E.command_code(reason, rc, cap)
 
     def _finish_without_session(self, why: str) -> Outcome:
@@ -585,6 +605,19 @@ class Supervisor:
         self.append(stopped.to_json())
         self.store.record(s.workspace)
         return Outcome("failed", stopped.state, 2, None, why, None, False)
+
+
+def _refusal_line(msg: dict[str, Any]) -> str:
+    """A refusal in one line: its message's first line and, when that only announces a list,
+    the first object's path and reason."""
+    lines = str(msg.get("message", "")).splitlines()
+    line = lines[0] if lines else "refused"
+    problems = msg.get("problems") or []
+    if problems and (line.endswith(":") or len(lines) == 1):
+        p = problems[0]
+        more = f" and {len(problems) - 1} more" if len(problems) > 1 else ""
+        line = f"{line.rstrip(':')}: {p.get('path')} ({p.get('reason')}){more}"
+    return line
 
 
 def hard_stop_grace() -> float:
