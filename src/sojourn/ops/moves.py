@@ -233,6 +233,7 @@ def _wait(store: WorkspaceStore, ws: str, rec: Any, move: str, source: str, dest
     t0 = time.monotonic()
     dead_since: float | None = None
     asked = False  # the destination asked the source to pause
+    source_moved: tuple[dict[str, Any], float] | None = None  # the source's `moved` stop, seen before the commit
     while True:
         for ev in store.events(ws, cursor + 1):
             cursor = int(ev["seq"])
@@ -254,11 +255,18 @@ def _wait(store: WorkspaceStore, ws: str, rec: Any, move: str, source: str, dest
             elif kind == "stopped" and ev.get("allocation") == source and committed is None and int(
                     ev.get("epoch", 0)) >= epoch:
                 if ev.get("reason") == "moved":
-                    return {"moved": False, "capsule": ev.get("capsule"),
-                            "message": f"the destination won the workspace but did not record it (it died?); the "
-                                       f"workspace is suspended on capsule {ev.get('capsule')}: `sojourn resume {ws}`"}
+                    # The source records its side once it sees the destination's epoch; the
+                    # destination's own event may land just after it: wait a little for it.
+                    source_moved = source_moved or (ev, time.monotonic())
+                    continue
                 return {"moved": False, "message": f"not moved: the source stopped first ({ev.get('reason')}: "
                                                    f"{ev.get('detail')}); the workspace is {ev.get('state')}"}
+        if committed is None and source_moved is not None and (time.monotonic() - source_moved[1] > 5.0
+                                                               or not running()):
+            ev = source_moved[0]
+            return {"moved": False, "capsule": ev.get("capsule"),
+                    "message": f"the destination won the workspace but did not record it (it died?); the "
+                               f"workspace is suspended on capsule {ev.get('capsule')}: `sojourn resume {ws}`"}
         if committed is not None and (time.monotonic() - t_commit > 3.0 or not running()):
             ok = running()
             return {"moved": ok, "capsule": committed.get("capsule", {}).get("id"), "paused_ms": None,

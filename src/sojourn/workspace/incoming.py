@@ -264,7 +264,7 @@ class Incoming:
         t_end = time.monotonic() + 120.0
         while True:
             try:
-                self.sup.append(*events)
+                self.sup.append(*events, raise_errors=True)
                 return
             except SojournError:
                 if time.monotonic() > t_end:

@@ -291,8 +291,14 @@ class WorkspaceStore:
         return seq + len(new), link, signed
 
     def events(self, ws: str, start: int = 1) -> list[dict[str, Any]]:
-        """Checked events ``start``, ``start+1``... up to the last one."""
-        link, signed = self._anchor(ws, start - 1)
+        """Checked events ``start``, ``start+1``... up to the last one (none of a workspace
+        whose meta is not written yet, or gone; events without their meta are refused)."""
+        try:
+            link, signed = self._anchor(ws, start - 1)
+        except WorkspaceNotFound:
+            if self.backend.stat(KIND, event_name(ws, start)) is None:
+                return []
+            raise
         return self._read(ws, start, link, signed)[0]
 
     def _read(self, ws: str, start: int, link: str, signed: bool) -> tuple[list[dict[str, Any]], str, bool]:

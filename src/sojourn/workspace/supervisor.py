@@ -137,22 +137,27 @@ class Supervisor(SignalForwarding):
 
     # -- events ----------------------------------------------------------------------------
 
-    def append(self, *events: dict[str, Any]) -> None:
+    def append(self, *events: dict[str, Any], raise_errors: bool | None = None) -> None:
         """Append events; events the repository could not take (an outage) are kept and
-        written, first and in order, by the next append. Only the main thread hears the error:
-        the output pump and the watcher must outlive a store that does not answer for a
-        while (issue 12: a dead pump never read the capsule the session wrote next)."""
+        written, first and in order, by the next append. Only the main thread hears the error
+        (or a caller that retries itself: ``raise_errors``): the output pump and the watcher
+        must outlive a store that does not answer for a while (issue 12: a dead pump never
+        read the capsule the session wrote next)."""
         from sojourn.errors import RepositoryError
 
         with self._append_lock:
+            kept = len(self._backlog)
             todo = [*self._backlog, *events]
             try:
                 self.store.append(self.spec.workspace, self.spec.epoch, self.spec.allocation, *todo)
                 self._backlog = []
             except RepositoryError as e:
-                self._backlog = todo[int(getattr(e, "appended", 0)):]
-                if threading.current_thread() is threading.main_thread():
+                written = int(getattr(e, "appended", 0))
+                if raise_errors or (raise_errors is None and threading.current_thread() is threading.main_thread()):
+                    # The caller hears it and keeps its own events: only what was kept before stays here.
+                    self._backlog = todo[min(written, kept):kept]
                     raise
+                self._backlog = todo[written:]
                 print(f"sojourn: the repository did not take {len(self._backlog)} event(s) ({e}); they are kept and "
                       "written once it answers", file=sys.stderr)
 
