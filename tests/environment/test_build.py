@@ -24,6 +24,16 @@ for i in range(4):
 """
 
 
+def _destination_log(stderr: str) -> str:
+    """The destination's own log, named in a failed move's message (what it said before it died)."""
+    import re
+
+    m = re.search(r"destination's log: ([^)]+)\)", stderr)
+    if not m or not Path(m.group(1)).exists():
+        return ""
+    return "\n--- destination's log\n" + Path(m.group(1)).read_text(errors="replace")[-6000:]
+
+
 def bare_python(version: str = "3.12") -> str:
     found = sorted(glob.glob(str(Path.home() / f".pyenv/versions/{version}.*/bin/python{version}")))
     if not found:
@@ -101,7 +111,7 @@ def test_a_live_move_to_a_bare_interpreter_is_refused_then_built(tmp_path: Path)
         assert refused.returncode != 0 and "lacks sojourn's own modules blake3" in refused.stderr, refused.stderr
         assert "--build-env" in refused.stderr and mv.record(ws)["state"] == "running"
         moved = mv.move(ws, bare, None, "--build-env")
-        assert moved.returncode == 0, moved.stderr
+        assert moved.returncode == 0, moved.stderr + _destination_log(moved.stderr)
         assert "sojourn env: [3/3] environment" in moved.stderr or "is cached" in moved.stderr
         run.wait(timeout=120)
         rec = mv.check_final(ws)
