@@ -118,3 +118,19 @@ def test_a_live_move_to_a_bare_interpreter_is_refused_then_built(tmp_path: Path)
         src, dst = rec["allocations"]
         assert src["stop_reason"] == "moved" and dst["python"].startswith(str(tmp_path / "envs"))
         assert dst["python_version"].startswith("3.12")
+
+
+@pytest.mark.slow
+def test_verify_build_env_restores_a_capsule_on_a_bare_interpreter(sh: Shell, tmp_path: Path) -> None:
+    """`sojourn verify CAP --python BARE --build-env`: the capsule (python-dateutil, captured
+    here) restores in a built environment, every fingerprint equal; without it, refused."""
+    pytest.importorskip("dateutil")
+    bare = bare_python()
+    sh.write("cap.py", "import sys, sojourn, dateutil.relativedelta as rd\n"
+             "print(sojourn.capture({'d': rd.relativedelta(weeks=2)}, repo=sys.argv[1]).id)\n", prelude=False)
+    cap = sh.plain("cap.py", sh.repo).strip()
+    refused = sh.cli("verify", cap, "--python", bare)
+    assert refused.returncode != 0 and "needs python-dateutil" in refused.stderr, refused.stderr
+    ok = sh.cli("verify", cap, "--python", bare, "--build-env", timeout=600)
+    assert ok.returncode == 0 and f"{cap}: OK" in ok.stdout and "Python 3.12" in ok.stdout, ok.stdout + ok.stderr
+    assert "sojourn env: [3/3] environment" in ok.stderr
