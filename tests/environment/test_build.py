@@ -134,3 +134,20 @@ def test_verify_build_env_restores_a_capsule_on_a_bare_interpreter(sh: Shell, tm
     ok = sh.cli("verify", cap, "--python", bare, "--build-env", timeout=600)
     assert ok.returncode == 0 and f"{cap}: OK" in ok.stdout and "Python 3.12" in ok.stdout, ok.stdout + ok.stderr
     assert "sojourn env: [3/3] environment" in ok.stderr
+
+
+@pytest.mark.slow
+def test_resume_on_a_local_machine_with_a_bare_python(sh: Shell) -> None:
+    """`sojourn resume WS --on M`, M a `local` machine whose python lacks the capsule's
+    library: refused by name; with --build-env it resumes in a built environment."""
+    pytest.importorskip("dateutil")
+    bare = bare_python()
+    sh.write("dates.py", PROGRAM)
+    assert sh.cli("run", "--name", "dates", "dates.py", env={"KILLS": "0"}).returncode == 75
+    assert sh.cli("machines", "set", "bare", "--python", bare).returncode == 0
+    refused = sh.cli("resume", "dates", "--on", "bare")
+    assert refused.returncode != 0 and "needs python-dateutil" in refused.stderr and refused.stdout == ""
+    built = sh.cli("resume", "dates", "--on", "bare", "--build-env", timeout=600)
+    assert built.returncode == 0, built.stderr
+    assert built.stdout == "1 3\n2 4\n3 5\n"
+    assert sh.show("dates")["allocations"][-1]["python_version"].startswith("3.12")
