@@ -24,6 +24,16 @@ for i in range(4):
 """
 
 
+def _destination_log(stderr: str) -> str:
+    """The destination's own log, named in a failed move's message (what it said before it died)."""
+    import re
+
+    m = re.search(r"destination's log: ([^)]+)\)", stderr)
+    if not m or not Path(m.group(1)).exists():
+        return ""
+    return "\n--- destination's log\n" + Path(m.group(1)).read_text(errors="replace")[-6000:]
+
+
 def bare_python(version: str = "3.12") -> str:
     found = sorted(glob.glob(str(Path.home() / f".pyenv/versions/{version}.*/bin/python{version}")))
     if not found:
@@ -101,10 +111,43 @@ def test_a_live_move_to_a_bare_interpreter_is_refused_then_built(tmp_path: Path)
         assert refused.returncode != 0 and "lacks sojourn's own modules blake3" in refused.stderr, refused.stderr
         assert "--build-env" in refused.stderr and mv.record(ws)["state"] == "running"
         moved = mv.move(ws, bare, None, "--build-env")
-        assert moved.returncode == 0, moved.stderr
+        assert moved.returncode == 0, moved.stderr + _destination_log(moved.stderr)
         assert "sojourn env: [3/3] environment" in moved.stderr or "is cached" in moved.stderr
         run.wait(timeout=120)
         rec = mv.check_final(ws)
         src, dst = rec["allocations"]
         assert src["stop_reason"] == "moved" and dst["python"].startswith(str(tmp_path / "envs"))
         assert dst["python_version"].startswith("3.12")
+
+
+@pytest.mark.slow
+def test_verify_build_env_restores_a_capsule_on_a_bare_interpreter(sh: Shell, tmp_path: Path) -> None:
+    """`sojourn verify CAP --python BARE --build-env`: the capsule (python-dateutil, captured
+    here) restores in a built environment, every fingerprint equal; without it, refused."""
+    pytest.importorskip("dateutil")
+    bare = bare_python()
+    sh.write("cap.py", "import sys, sojourn, dateutil.relativedelta as rd\n"
+             "print(sojourn.capture({'d': rd.relativedelta(weeks=2)}, repo=sys.argv[1]).id)\n", prelude=False)
+    cap = sh.plain("cap.py", sh.repo).strip()
+    refused = sh.cli("verify", cap, "--python", bare)
+    assert refused.returncode != 0 and "needs python-dateutil" in refused.stderr, refused.stderr
+    ok = sh.cli("verify", cap, "--python", bare, "--build-env", timeout=600)
+    assert ok.returncode == 0 and f"{cap}: OK" in ok.stdout and "Python 3.12" in ok.stdout, ok.stdout + ok.stderr
+    assert "sojourn env: [3/3] environment" in ok.stderr
+
+
+@pytest.mark.slow
+def test_resume_on_a_local_machine_with_a_bare_python(sh: Shell) -> None:
+    """`sojourn resume WS --on M`, M a `local` machine whose python lacks the capsule's
+    library: refused by name; with --build-env it resumes in a built environment."""
+    pytest.importorskip("dateutil")
+    bare = bare_python()
+    sh.write("dates.py", PROGRAM)
+    assert sh.cli("run", "--name", "dates", "dates.py", env={"KILLS": "0"}).returncode == 75
+    assert sh.cli("machines", "set", "bare", "--python", bare).returncode == 0
+    refused = sh.cli("resume", "dates", "--on", "bare")
+    assert refused.returncode != 0 and "needs python-dateutil" in refused.stderr and refused.stdout == ""
+    built = sh.cli("resume", "dates", "--on", "bare", "--build-env", timeout=600)
+    assert built.returncode == 0, built.stderr
+    assert built.stdout == "1 3\n2 4\n3 5\n"
+    assert sh.show("dates")["allocations"][-1]["python_version"].startswith("3.12")

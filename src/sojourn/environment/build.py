@@ -167,6 +167,11 @@ def build(packages: dict[str, dict[str, Any]], python: str, *, mode: str = "exac
             if not purelib.is_dir():
                 purelib = Path(probe(env_python).purelib or purelib)
             (purelib / "sojourn-checkout.pth").write_text(origin[1] + "\n")
+            # The checkout's bytecode for this Python, now: a destination that compiles sojourn's
+            # modules on its first start under load can outlast a live move's lease (10 s).
+            subprocess.run([env_python, "-m", "compileall", "-q", str(Path(origin[1]) / "sojourn")],
+                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           timeout=300, check=False)
         seconds = time.perf_counter() - t0
         (env / MARKER).write_text(json.dumps({
             "key": key, "mode": mode, "python": asdict(target), "requirements": reqs, "sojourn": list(origin),
