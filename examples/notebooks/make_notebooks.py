@@ -52,6 +52,17 @@ NOTEBOOKS: dict[str, list[str]] = {
         "a.sum()",
         "print(Out[8] == _, _8 is Out[8], _i8, In[8])",
     ],
+    "plots.ipynb": [  # a generator defined in a cell, paused between cells; figures, also in Out
+        "import matplotlib.pyplot as plt\nimport numpy as np\nrng = np.random.default_rng(0)\n\n"
+        "def batches(data, size):\n    for start in range(0, len(data), size):\n        yield start, data[start:start + size]",
+        "data = rng.normal(size=40)\nstream = batches(data, 8)\nprint(next(stream)[0])",
+        "fig, ax = plt.subplots(figsize=(3, 2))\nline, = ax.plot(data.cumsum())\nax.set_title('walk')\nfig",
+        "for start, chunk in stream:\n    ax.axvline(start, color='gray')\n"
+        "print(len(ax.lines), round(float(chunk.sum()), 4), plt.get_fignums())",
+        "print(Out[3] is fig, line.figure is fig, round(float(line.get_ydata()[-1]), 4))",
+        "fig",
+        "plt.plot([1, 3, 2])\nprint(plt.get_fignums(), plt.gcf() is not fig)",
+    ],
 }
 
 

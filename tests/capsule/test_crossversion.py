@@ -115,6 +115,8 @@ arr = np.arange(12.0).reshape(3, 4)
 view = arr[1:, ::2]
 ints = np.array([3, 1, 2], dtype=">i4")
 stats = lambda a: [float(a.sum()), a.shape, a.dtype.str]
+masked = np.ma.masked_array(arr[0], mask=[0, 1, 0, 0])  # over arr's memory, fill value never set
+hardm = np.ma.array([1, 2], mask=[0, 1], hard_mask=True)
 '''
 
 RESULTS = '''
@@ -130,6 +132,8 @@ def results(g):
                     isinstance(g["dog"], g["Animal"]), type(g["loc"]).__qualname__],
         "numpy": [g["arr"].tolist(), g["view"].tolist(), g["view"].base is g["arr"], g["ints"].dtype.str,
                   g["ints"].tolist(), g["stats"](g["view"])],
+        "masked": [g["masked"].data.tolist(), g["masked"].mask.tolist(), g["masked"]._fill_value is None,
+                   g["masked"].base.base is g["arr"], g["hardm"].hardmask, g["hardm"].mask.tolist()],
     }
 '''
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.notebook.kernels import Kernel
 
 MIB = 1 << 20
@@ -71,6 +73,15 @@ def test_failed_moves_leave_the_kernel_where_it_was(jupyter) -> None:
         out, err, _ = k.run("%sojourn move --to /bin/false")  # the destination dies at start
         assert "failed; this kernel stays where it was" in err and "exited at start" in err, err
         assert k.pid == pid
+        # A capture slower than the destination's death (what a loaded machine does to any
+        # capture): the provisioner has answered "failed" and closed the channel before the
+        # source sends its capsule. The reason must still reach the cell, not a broken pipe.
+        k.out("import time\nclass Slow:\n    def __reduce__(self):\n        time.sleep(1.0)\n"
+              "        return (Slow, ())\nslow = Slow()")
+        out, err, _ = k.run("%sojourn move --to /bin/false")
+        assert "failed; this kernel stays where it was" in err and "exited at start" in err, err
+        assert k.pid == pid
+        k.out("del slow, Slow")
         assert k.out("print(values, random.random())") == f"[1, 2, 3] {__import__('random').Random(3).random()}"
         out, err, _ = k.run("%sojourn move --to local")
         assert "moved to local" in out and k.pid != pid
@@ -106,5 +117,32 @@ def test_failing_autosave_says_why_and_the_kernel_goes_on(jupyter) -> None:
                 break
         assert ok_again == "True"
         assert k.out("print(a, b, c)") == "1 2 3"
+    finally:
+        k.close()
+
+
+@pytest.mark.slow
+def test_a_move_the_kernel_gives_up_leaves_it_where_it_was(jupyter) -> None:
+    """The kernel stops waiting (its time limit; Ctrl-C is the same) while the destination is
+    still restoring: the destination is killed at once, and when it would have been ready
+    nothing swaps, so the kernel is neither replaced nor killed."""
+    import time
+
+    k = Kernel(jupyter, SOJOURN_MOVE_TIMEOUT="2")
+    try:
+        # Restoring `slow` takes 6 s: longer than the kernel waits.
+        k.out("import time\ndef slow_make():\n    time.sleep(6)\n    return Slow()\n"
+              "class Slow:\n    def __reduce__(self):\n        return (slow_make, ())\nslow = Slow()\nvalues = [4, 5]")
+        pid = k.pid
+        out, err, _ = k.run("%sojourn move --to local")
+        assert "failed; this kernel stays where it was" in err and "did not answer within 2 s" in err, out + err
+        prov = k.km.provisioner
+        deadline = time.monotonic() + 5
+        while prov._pending and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not prov._pending, "the destination of the move the kernel gave up still runs"
+        time.sleep(6)  # past the moment the destination would have been ready
+        assert k.pid == pid
+        assert k.out("print(values, type(slow).__name__)") == "[4, 5] Slow"
     finally:
         k.close()

@@ -11,7 +11,7 @@ import pytest
 from tests.notebook.conftest import NOTEBOOKS
 from tests.notebook.nbrun import outputs, run
 
-CASES = ["analysis.ipynb", "training.ipynb", "classes.ipynb"]
+CASES = ["analysis.ipynb", "training.ipynb", "classes.ipynb", "plots.ipynb"]
 
 
 @pytest.mark.parametrize("name", CASES)

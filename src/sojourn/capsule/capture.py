@@ -28,7 +28,16 @@ from sojourn.capsule import format as fmt
 from sojourn.capsule import reducers  # noqa: F401  (registers every reducer)
 from sojourn.capsule.environment import distributions_for
 from sojourn.capsule.fingerprint import segment_fingerprint
-from sojourn.capsule.pickler import BufferOut, CapsulePickler, CaptureContext
+from sojourn.capsule.pickler import (
+    BYTES_PER_LEVEL,
+    DEEP_STACKS,
+    BufferOut,
+    CapsulePickler,
+    CaptureContext,
+    DeepCapsulePickler,
+    deeply,
+)
+from sojourn.capsule.reducers.matplotlib import pyplot_state
 from sojourn.capsule.reducers.rng import capture_process_state
 from sojourn.capsule.scan import problems_with_paths
 from sojourn.errors import CaptureError, Problem
@@ -50,6 +59,11 @@ SKIPPED_NAMES = frozenset(
 
 # Buffers are written while pickling goes on once this many bytes of them are waiting.
 EARLY_WRITE_BYTES = 16 << 20
+
+
+# Names for the paths of problems: roots searched first (in the program's words) and a
+# label for internal root names (see sojourn.capsule.scan.find_paths).
+PathNames = tuple[dict[str, Any] | None, Callable[[str], str] | None]
 
 
 def skipped(name: str) -> bool:
@@ -78,21 +92,26 @@ def pickle_namespace(
     workspace: Path | None = None,
     extra: dict[str, Any] | None = None,
     on_variable: Callable[[list[BufferOut], bool], None] | None = None,
+    paths: PathNames | None = None,
+    deep: bool = False,
 ) -> Pickled:
     """Pickle ``namespace``; ``on_variable(buffers, clean)`` sees each variable's buffers as
-    soon as it is pickled (``clean``: no problem found so far)."""
+    soon as it is pickled (``clean``: no problem found so far). ``paths``: how problems are
+    named (``scan.find_paths``' ``first`` and ``label``). ``deep``: with the pickler that walks
+    any depth (call it inside :func:`deeply`)."""
     ctx = CaptureContext(workspace=workspace, namespace=namespace)
     sink = io.BytesIO()
-    pickler = CapsulePickler(sink, ctx)
+    pickler = (DeepCapsulePickler if deep else CapsulePickler)(sink, ctx)
     names = [n for n in namespace if isinstance(n, str) and not skipped(n)]
     segments: list[tuple[int, int]] = []
     ranges: list[tuple[int, int]] = []
     types_: list[str] = []
     roots: dict[str, Any] = {}
     values = [(n, namespace[n]) for n in names]
-    values.append((fmt.PROCESS_SEGMENT, {**capture_process_state(), **(extra or {})}))
+    values.append((fmt.PROCESS_SEGMENT, {**capture_process_state(), **pyplot_state(), **(extra or {})}))
     for name, value in values:
         start, b0 = sink.tell(), len(pickler.buffers)
+        ctx.current_root = name
         pickler.dump(value)
         segments.append((start, sink.tell()))
         ranges.append((b0, len(pickler.buffers)))
@@ -101,7 +120,8 @@ def pickle_namespace(
         if on_variable is not None:
             on_variable(pickler.buffers[b0:], not ctx.problems)
     if ctx.problems:
-        problems = problems_with_paths(roots, ctx.problems)
+        first, label = paths if paths is not None else (None, None)
+        problems = problems_with_paths(roots, ctx.problems, first=first, label=label, found_in=ctx.problem_roots)
         raise CaptureError(_problems_message(problems), problems)
     return Pickled(
         sink.getvalue(), [n for n, _ in values], types_, segments, ranges, pickler.buffers, ctx,
@@ -149,6 +169,7 @@ def capture_namespace(
     labels: dict[str, Any] | None = None,
     extra: dict[str, Any] | None = None,
     include_secrets: bool | Iterable[str] | None = None,
+    paths: PathNames | None = None,
 ) -> fmt.Manifest:
     t0 = time.perf_counter()
     workspace = Path(files).absolute() if files is not None else Path.cwd()
@@ -167,7 +188,21 @@ def capture_namespace(
             waiting.clear()
 
     try:
-        pickled = pickle_namespace(namespace, workspace=workspace, extra=extra, on_variable=write_early)
+        try:
+            pickled = pickle_namespace(namespace, workspace=workspace, extra=extra, on_variable=write_early, paths=paths)
+        except RecursionError:
+            # Nested deeper than this stack: once more, on a thread with a stack for it (the
+            # buffers seen so far come again; chunks already stored are not written twice).
+            waiting.clear()
+            pickled = deeply(pickle_namespace, namespace, workspace=workspace, extra=extra,
+                             on_variable=write_early, paths=paths, deep=True)
+    except RecursionError:
+        _wait_quietly(pending)
+        raise CaptureError(f"the namespace holds objects nested deeper than sojourn can pickle (about "
+                           f"{DEEP_STACKS[0] // BYTES_PER_LEVEL // 5} levels), or an object whose pickling "
+                           "calls itself without end (a __getattribute__ or __reduce__ that recurses); "
+                           "nothing was written. Flatten deep structures (nodes in a list, links by "
+                           "index) before the pause", []) from None
     except CaptureError as e:
         _wait_quietly(pending)
         raise CaptureError(_problems_message(e.problems, stats), e.problems) from None

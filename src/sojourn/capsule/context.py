@@ -31,6 +31,9 @@ class RestoreContext:
     user_modules: dict[str, dict[str, Any]] = field(default_factory=dict)
     # Filled by the allocators: (address, size) of restored buffers -> their chunk hashes.
     restored_buffers: dict[tuple[int, int], list[str]] = field(default_factory=dict)
+    # A rehearsal of the write check in a forked child (probe.py): files are reopened for
+    # reading only, so nothing rebuilt there can write into the program's files.
+    rehearsal: bool = False
 
 
 _CURRENT: contextvars.ContextVar[RestoreContext | None] = contextvars.ContextVar(

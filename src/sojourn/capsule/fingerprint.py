@@ -80,6 +80,7 @@ def canonical_digests(
     first: int = 0,
     base: int = 0,
     extern: Callable[[int], Any] | None = None,
+    values: dict[int, Any] | None = None,
 ) -> dict[int, str]:
     """Canonical digests of the values of the ``wanted`` segments of ``stream``.
 
@@ -203,7 +204,77 @@ def canonical_digests(
                 stack.append(("bytearray", bytes(arg)) if name == "BYTEARRAY8" else arg)
         if index in wanted:
             out[index] = _digest(value)
+            if values is not None:
+                values[index] = value
     return out
+
+
+def difference(a: Any, b: Any) -> str:
+    """Where two symbolic values (from :func:`canonical_digests`' ``values``) first differ, as
+    a path: ``[key]`` for items, ``.name`` for an object's state, ``(args)`` for what made it.
+    Empty when they differ at the top or not at all."""
+    path = ""
+    seen: set[int] = set()
+    while id(a) not in seen:
+        seen.add(id(a))
+        step = _first_differing(a, b)
+        if step is None:
+            return path
+        label, a, b = step
+        path += label
+    return path
+
+
+def _first_differing(a: Any, b: Any) -> tuple[str, Any, Any] | None:
+    if isinstance(a, _Node) and isinstance(b, _Node) and a.kind == b.kind and a.kind not in ("set", "frozenset"):
+        if a.kind == "dict":
+            pairs = list(zip(a.items, b.items, strict=False))
+            for (ka, va), (kb, vb) in pairs:
+                if _digest(ka) != _digest(kb):
+                    return None
+                if _digest(va) != _digest(vb):
+                    return (f"[{ka!r}]" if isinstance(ka, str | int) else "[…]", va, vb)
+            longer = a.items if len(a.items) > len(b.items) else b.items
+            if len(a.items) != len(b.items):  # an entry one side has and the other lacks
+                k = longer[len(pairs)][0]
+                return (f"[{k!r}]" if isinstance(k, str | int) else "[…]", None, None)
+            return None
+        for i, (x, y) in enumerate(zip(a.items, b.items, strict=False)):
+            if _digest(x) == _digest(y):
+                continue
+            if a.kind in ("reduce", "newobj"):
+                if i == 1:
+                    return ("(…)", x, y)
+                if isinstance(x, tuple) and isinstance(y, tuple) and x[:1] == y[:1] == ("build",):
+                    return _state_step(x[1], y[1])
+                if isinstance(x, tuple) and isinstance(y, tuple) and x[:1] == y[:1] == ("setstate",):
+                    # state_setter(obj, state): the state is the call's third argument
+                    sa, sb = x[1].items[1], y[1].items[1]
+                    if isinstance(sa, tuple) and isinstance(sb, tuple) and len(sa) == len(sb) == 3:
+                        return _state_step(sa[2], sb[2])
+                return None
+            return (f"[{i}]", x, y)
+        return None
+    if isinstance(a, tuple) and isinstance(b, tuple) and a[:1] == b[:1] == ("tuple",) and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a[1:], b[1:], strict=True)):
+            if _digest(x) != _digest(y):
+                return (f"[{i}]", x, y)
+    return None
+
+
+def _state_step(a: Any, b: Any) -> tuple[str, Any, Any] | None:
+    """An object's BUILD state: its attribute dict (or (dict, slots)) names attributes."""
+    if isinstance(a, tuple) and isinstance(b, tuple) and a[:1] == b[:1] == ("tuple",) and len(a) == len(b) == 3:
+        for x, y in zip(a[1:], b[1:], strict=True):
+            if _digest(x) != _digest(y):
+                a, b = x, y
+                break
+    if isinstance(a, _Node) and isinstance(b, _Node) and a.kind == b.kind == "dict":
+        step = _first_differing(a, b)
+        if step is not None and step[0].startswith("['") and step[0].endswith("']"):
+            return ("." + step[0][2:-2], step[1], step[2])
+        return step
+    return None
 
 
 def _global(mod: Any, qual: Any) -> tuple[Any, ...]:

@@ -152,7 +152,10 @@ def now() -> str:
 
 
 def _canonical(obj: Any) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    # surrogatepass: a name Python allows but UTF-8 cannot spell (a variable whose name holds
+    # a lone surrogate, from os.fsdecode of a file name) still has canonical bytes; for every
+    # other text these are the UTF-8 bytes, so no capsule's id changes.
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass")
 
 
 def seal(manifest: Manifest, key: bytes) -> bytes:

@@ -50,15 +50,23 @@ class CaptureContext:
     user_modules: dict[str, dict[str, Any]] = field(default_factory=dict)
     devices: list[str] = field(default_factory=list)
     fingerprint_only: bool = False
+    # The variable being pickled, and for each problem the variable it was found in: the
+    # place to name when the object itself is out of the walk's reach (a reducer made it).
+    current_root: str | None = None
+    problem_roots: dict[int, str] = field(default_factory=dict)
 
 
 def _unsupported(type_name: str) -> None:
     raise pickle.UnpicklingError(f"a placeholder for an unsupported {type_name} was unpickled")
 
 
-class CapsulePickler(pickle.Pickler):
+class _Capsule:
+    """What both capsule picklers do (the C one, and the pure-Python one for deep graphs)."""
+
+    _base: Any = pickle.Pickler
+
     def __init__(self, file: io.BufferedIOBase | io.BytesIO, ctx: CaptureContext):
-        super().__init__(file, protocol=PROTOCOL, buffer_callback=self._on_buffer)
+        self._base.__init__(self, file, protocol=PROTOCOL, buffer_callback=self._on_buffer)
         # Whoever pickles gets every reducer: importing the package registers them (once).
         from sojourn.capsule import reducers  # noqa: F401
 
@@ -93,6 +101,8 @@ class CapsulePickler(pickle.Pickler):
     def problem(self, obj: Any, reason: str) -> tuple[Any, ...]:
         """Record that ``obj`` cannot travel and return a placeholder so pickling goes on."""
         self.ctx.problems.append((obj, reason))
+        if self.ctx.current_root is not None:
+            self.ctx.problem_roots.setdefault(id(obj), self.ctx.current_root)
         return (_unsupported, (registry.type_name(type(obj)),))
 
     def keepalive(self, obj: Any) -> None:
@@ -128,6 +138,8 @@ class CapsulePickler(pickle.Pickler):
             self._generic[t] = False
         try:
             rv = obj.__reduce_ex__(PROTOCOL)
+        except RecursionError:
+            raise  # a graph too deep for this stack: the caller pickles it again, deeply()
         except Exception as e:
             return self.problem(obj, _explain(obj, e))
         if isinstance(rv, tuple):
@@ -145,6 +157,93 @@ class CapsulePickler(pickle.Pickler):
             self.note_module(getattr(obj, "__module__", None))
             return NotImplemented  # a global: pickle looks it up by name
         return self.problem(obj, f"its __reduce__ returned {type(rv).__name__}, not a tuple or a global's name")
+
+
+class CapsulePickler(_Capsule, pickle.Pickler):
+    _base = pickle.Pickler
+
+
+class DeepCapsulePickler(_Capsule, pickle._Pickler):  # type: ignore[name-defined,misc]
+    """The same pickler over pickle's pure-Python one. CPython 3.12's C pickler stops at a
+    fixed C recursion depth that no recursion limit raises; Python frames only need the limit
+    and a big enough thread stack (:func:`deeply`). Slower: only for graphs the C one cannot
+    walk (a linked list of 100 000 nodes)."""
+
+    _base = pickle._Pickler  # type: ignore[attr-defined]
+
+    def reducer_override(self, obj: Any) -> Any:
+        # The C pickler writes these itself before it asks reducer_override; the Python one
+        # asks first, and an str's own __reduce_ex__ would lead back to str.
+        if type(obj) in _C_FIRST:
+            return NotImplemented
+        return super().reducer_override(obj)
+
+    def save(self, obj: Any, save_persistent_id: bool = True) -> None:
+        # pickle.py's save() calls save_reduce(obj=obj, *rv): a call through C, which 3.12
+        # and 3.13 count against their fixed C recursion limit. Plain Python-to-Python calls
+        # do not count, so a reduce tuple is saved here with one; the rest is pickle's own.
+        if type(obj) not in _C_FIRST and id(obj) not in self.memo:  # type: ignore[attr-defined]
+            rv = self.reducer_override(obj)
+            if type(rv) is tuple and 2 <= len(rv) <= 6:
+                self.framer.commit_frame()  # type: ignore[attr-defined]
+                rv = rv + (None,) * (6 - len(rv))
+                self.save_reduce(rv[0], rv[1], rv[2], rv[3], rv[4], rv[5], obj=obj)  # type: ignore[attr-defined]
+                return
+        _py_save(self, obj, save_persistent_id)
+
+
+_py_save = pickle._Pickler.save  # type: ignore[attr-defined]
+_C_FIRST = {type(None), bool, int, float, bytes, bytearray, str, tuple, list, dict, set, frozenset,
+            pickle.PickleBuffer}
+
+
+# A linked structure of about 200 000 nodes (pickle's Python pickler takes about five frames a
+# node). The limit keeps 2 KiB of stack a level: what a recursion through C code (a
+# __getattribute__ that calls getattr) takes on 3.11, so a runaway recursion is a
+# RecursionError, not a crash. The stack is reserved address space, touched only as deep as
+# the walk goes; where the system refuses that much, a smaller one with a limit to match.
+DEEP_STACKS = (2 << 30, 256 << 20)
+BYTES_PER_LEVEL = 2048
+
+
+def deeply(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` on a thread with a big stack and a recursion limit to match
+    (a deeply nested graph pickles there instead of raising a bare RecursionError)."""
+    import contextvars
+    import threading
+
+    out: dict[str, Any] = {}
+    run = contextvars.copy_context().run  # the restore's context travels with the call
+
+    def body() -> None:
+        try:
+            out["value"] = run(fn, *args, **kwargs)
+        except BaseException as e:  # re-raised in the caller's thread
+            out["error"] = e
+
+    old_stack, old_limit = threading.stack_size(), sys.getrecursionlimit()
+    t = None
+    for size in DEEP_STACKS:
+        try:
+            threading.stack_size(size)
+            t = threading.Thread(target=body, name="sojourn-deep-pickle")
+            sys.setrecursionlimit(max(old_limit, size // BYTES_PER_LEVEL))
+            t.start()
+            break
+        except (RuntimeError, ValueError, MemoryError):
+            sys.setrecursionlimit(old_limit)
+            t = None
+        finally:
+            threading.stack_size(old_stack)
+    if t is None:
+        raise RecursionError("no thread with a stack deep enough could be started")
+    try:
+        t.join()
+    finally:
+        sys.setrecursionlimit(old_limit)
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
 
 
 # -- identity-exact default state --------------------------------------------------------------
@@ -275,6 +374,16 @@ _REFUSED: list[tuple[str, str, str]] = [
     ("selectors", "BaseSelector", "a selector watches this process's file descriptors"),
     ("mmap", "mmap", "a memory map is tied to this process; copy the data into an array"),
     ("ssl", "SSLContext", "TLS state is tied to this process"),
+    # No serializer can carry these: the running state lives inside OpenSSL (or the C
+    # library), which offers no way to read it out or set it.
+    ("_hashlib", "HASH", "a hash object's running state lives inside OpenSSL and cannot be read out; "
+     "keep its digest(), or hash the data again after resume"),
+    ("_hashlib", "HMAC", "an HMAC's running state lives inside OpenSSL and cannot be read out; "
+     "hash the data again after resume"),
+    ("_blake2", "blake2b", "a BLAKE2 hash's running state cannot be read out; keep its digest(), or "
+     "hash the data again after resume"),
+    ("_blake2", "blake2s", "a BLAKE2 hash's running state cannot be read out; keep its digest(), or "
+     "hash the data again after resume"),
 ]
 
 
@@ -299,7 +408,8 @@ def _refusal_uncached(obj: Any) -> str | None:
     if isinstance(obj, types.GeneratorType | types.CoroutineType | types.AsyncGeneratorType):
         return (
             "a generator or coroutine cannot be captured by sojourn.capture(); run the program "
-            "under `sojourn run`, which resumes user generators from source"
+            "under `sojourn run` (in a notebook: %load_ext sojourn), which resumes generator "
+            "functions of the program (of its cells) from their source"
         )
     if isinstance(obj, types.CodeType):
         return "bytecode does not travel between Python versions; capture the function instead"

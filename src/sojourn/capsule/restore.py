@@ -20,6 +20,7 @@ import io
 import json
 import os
 import pickle
+import re
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -36,11 +37,19 @@ from sojourn.capsule.context import RestoreContext, restoring
 from sojourn.capsule.environment import check_distributions
 from sojourn.capsule.fingerprint import (
     canonical_digests,
+    difference,
     extern_token,
     hash_pieces,
     segment_fingerprint,
 )
-from sojourn.capsule.pickler import BufferOut, CapsulePickler, CaptureContext
+from sojourn.capsule.pickler import (
+    BufferOut,
+    CapsulePickler,
+    CaptureContext,
+    DeepCapsulePickler,
+    deeply,
+)
+from sojourn.capsule.reducers.matplotlib import apply_pyplot_state
 from sojourn.capsule.reducers.numpy import small_pages
 from sojourn.capsule.reducers.rng import apply_process_state
 from sojourn.capsule.registry import allocator
@@ -169,9 +178,25 @@ def restore_capsule(
                 namespace[var.name] = value
         t_load = time.perf_counter()
         if check:
-            check_fingerprints(manifest, namespace, process_state, ctx, stream, memo, bases)
+            try:
+                check_fingerprints(manifest, namespace, process_state, ctx, stream, memo, bases)
+            except RecursionError:  # nested deeper than this stack: where there is a stack for it
+                try:
+                    deeply(check_fingerprints, manifest, namespace, process_state, ctx, stream, memo, bases,
+                           deep=True)
+                except RecursionError:
+                    raise RestoreError(
+                        f"capsule {manifest.id} holds objects nested deeper than sojourn can pickle "
+                        "again on this machine to check them (or whose pickling calls itself without "
+                        "end); restore it where it was captured, or flatten the structure before "
+                        "capturing") from None
         t_check = time.perf_counter()
     apply_process_state(process_state)
+    try:
+        notes = [*notes, *apply_pyplot_state(process_state)]
+    except Exception as e:  # the figures are restored; only pyplot's list of them is not
+        notes = [*notes, f"pyplot's figures are restored but not registered with pyplot again "
+                         f"({type(e).__name__}: {e}): plt.gcf() and figure numbers start afresh"]
     t_end = time.perf_counter()
     out = namespace if isinstance(namespace, Restored) else Restored()
     out.manifest = manifest
@@ -287,8 +312,10 @@ def check_fingerprints(
     stream: bytes,
     memo: _Memo | None = None,
     bases: list[int] | None = None,
+    deep: bool = False,
 ) -> None:
-    """Pickle the restored objects again and compare with what was captured.
+    """Pickle the restored objects again and compare with what was captured (``deep``: with
+    the pickler that walks any depth, inside :func:`deeply`).
 
     Equal bytes (one hash per variable) are the rule. Where they differ, the canonical
     comparison reads both streams from the first differing variable on: up to there they
@@ -298,7 +325,7 @@ def check_fingerprints(
     """
     ctx = CaptureContext(workspace=rctx.files_to, namespace=namespace, fingerprint_only=True)
     sink = io.BytesIO()
-    pickler = CapsulePickler(sink, ctx)
+    pickler = (DeepCapsulePickler if deep else CapsulePickler)(sink, ctx)
 
     def hashes_of(b: BufferOut) -> list[str]:
         if len(b.view):
@@ -320,7 +347,9 @@ def check_fingerprints(
         if segment_fingerprint(sink.getbuffer()[start:], hashes) != var.fingerprint:
             differing.add(i)
     if ctx.problems:
-        raise RestoreError("the restored objects could not be pickled again to check them")
+        obj, why = ctx.problems[0]
+        raise RestoreError(f"the restored objects could not be pickled again to check them: a "
+                           f"{type(obj).__module__}.{type(obj).__qualname__}: {why}")
     _check_array_meta(manifest, pickler.buffers)
     if not differing:
         return
@@ -350,16 +379,38 @@ def check_fingerprints(
             before, after = {}, {i: "" for i in later}
         if all(before.get(i) == after[i] for i in later):
             return
-    before = canonical_digests(stream, captured, original_hashes, differing)
-    after = canonical_digests(again, segments, buffer_hashes, differing)
-    mismatched = [manifest.variables[i].name for i in sorted(differing) if before[i] != after[i]]
+    values_before: dict[int, Any] = {}
+    values_after: dict[int, Any] = {}
+    before = canonical_digests(stream, captured, original_hashes, differing, values=values_before)
+    after = canonical_digests(again, segments, buffer_hashes, differing, values=values_after)
+    mismatched = [i for i in sorted(differing) if before[i] != after[i]]
     if mismatched:
+        places = [_place(manifest.variables[i].name, difference(values_before[i], values_after[i]))
+                  for i in mismatched]
         raise IntegrityError(
-            "fingerprint mismatch after restore for "
-            + ", ".join(repr(n) for n in mismatched)
+            "fingerprint mismatch after restore for " + ", ".join(places)
             + f" (capsule {manifest.id}): the restored value differs from the captured one; "
             "the restore was refused"
         )
+
+
+def _place(name: str, path: str) -> str:
+    """A variable and the path inside it where the restored value differs, in words."""
+    if name != fmt.PROCESS_SEGMENT:
+        return repr(name) + (f" at {name}{path}" if path else "")
+    # The process segment holds the RNG states and what capture(extra=) added: a paused
+    # program's frames (their locals) and its other modules' globals (sojourn.execution).
+    frames = "['sojourn.execution']['main']"
+    modules = "['sojourn.execution']['modules']"
+    if path.startswith(frames):
+        rest = path[len(frames):].replace(".callee", " → the frame it called")
+        rest = re.sub(r"\.locals\[('[^']*')\]", r", its local \1", rest)
+        return "the paused program's main frame" + rest
+    m = re.match(re.escape(modules) + r"\[('[^']*')\]\[('[^']*')\](.*)", path)
+    if m:
+        return f"module {m.group(1)}, its global {m.group(2)}{m.group(3)}"
+    return "the process state (random generators and what was captured with the namespace" + (
+        f", at {path})" if path else ")")
 
 
 def _check_array_meta(manifest: fmt.Manifest, again: list[BufferOut]) -> None:

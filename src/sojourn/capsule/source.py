@@ -258,7 +258,8 @@ def _find_function_source(code: types.CodeType, glb: dict[str, Any]) -> Source:
         raise SourceError(f"the definition of {what} cannot be found in {code.co_filename} at line "
                           f"{code.co_firstlineno}; the file was edited after it was loaded")
     raise SourceError(f"the source of {what} in {code.co_filename} (line {code.co_firstlineno}) no "
-                      "longer matches the running code: the file was edited after it was loaded. "
+                      "longer matches the running code: the file was edited after it was loaded (or an import "
+                      "hook, such as pytest's assertion rewriting, compiled other code from it). "
                       "Restart the program from the file, or capture before editing it")
 
 
@@ -362,12 +363,20 @@ def find_class_source(cls: type) -> Source:
         compiled = compile_source(src)
     except SyntaxError as e:
         raise SourceError(f"{what} cannot be compiled again from {filename}: {e}") from None
-    by_qualname = {c.co_qualname: c for c in _walk_codes(compiled.target)}
+    # A property's getter and setter share a qualified name: tell them apart by first line
+    # too (the scaffold keeps every line's number).
+    by_qualname: dict[str, list[types.CodeType]] = {}
+    for c in _walk_codes(compiled.target):
+        by_qualname.setdefault(c.co_qualname, []).append(c)
     for f in class_functions(cls):
-        mine = by_qualname.get(f.__code__.co_qualname)
+        same = by_qualname.get(f.__code__.co_qualname, [])
+        at = [c for c in same if c.co_firstlineno == f.__code__.co_firstlineno]
+        mine = at[0] if at else (same[-1] if same else None)
         if mine is not None and f.__code__.co_filename == filename and not _same_code(mine, f.__code__):
             raise SourceError(f"the source of {what} in {filename} (line {first}) no longer matches "
-                              "the running code: the file was edited after it was loaded. Restart "
+                              "the running code: the file was edited after it was loaded (or an "
+                              "import hook, such as pytest's assertion rewriting, compiled other code "
+                              "from it). Restart "
                               "the program from the file, or capture before editing it")
     return src
 

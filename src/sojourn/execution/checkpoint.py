@@ -16,11 +16,13 @@ import sys
 import threading
 import time
 import types
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from sojourn.errors import Problem
 from sojourn.execution import position
 from sojourn.execution.autograd import direct_live, live_graphs, released_bindings
+from sojourn.execution.names import path_names
 from sojourn.execution.position import Deferred, Position, Refused
 from sojourn.execution.reducers import frame_entry, set_capture
 from sojourn.execution.runtime import Runtime
@@ -161,7 +163,7 @@ def write_capsule(rt: Runtime, pos: Position, config: PauseConfig, req: _Request
                 # failed thread start would lose the capsule; two keep a disk busy enough.
                 repo.chunks.workers = min(repo.chunks.workers, 2)
             m = capture_namespace(rt.main.namespace, repo, files=config.files, parent=config.parent,
-                                  labels=labels, extra=extra)
+                                  labels=labels, extra=extra, paths=path_names(rt, pos))
     finally:
         set_capture(None)
         for scope, name, value in originals:
@@ -170,13 +172,40 @@ def write_capsule(rt: Runtime, pos: Position, config: PauseConfig, req: _Request
                       time.perf_counter() - t0, req.action, t_check)
 
 
-def scan_state(rt: Runtime, pos: Position) -> list[Problem]:
-    """What a pause here would refuse, without writing anything (the periodic early warning)."""
+def scan_state(rt: Runtime, pos: Position, rehearse: bool = True) -> list[Problem]:
+    """What a pause here would refuse, without writing anything (the periodic early warning);
+    ``rehearse``: also what the capsule's write check would refuse (sojourn.capsule.probe)."""
     from sojourn.capsule.scan import scan
 
-    ns = _roots(rt, pos)
+    ns, label = _scan_roots(rt, pos)
     set_capture(pos)
     try:
-        return scan(ns)
+        return scan(ns, label=label, rehearse=rehearse)
     finally:
         set_capture(None)
+
+
+def _scan_roots(rt: Runtime, pos: Position) -> tuple[dict[str, Any], Any]:
+    # Everything a capture pickles (the frames' locals and the other modules' globals are
+    # in its process segment), each under a name in the program's words.
+    assert rt.main is not None
+    first, label = path_names(rt, pos)
+    ns = {**{k: v for k, v in rt.main.namespace.items() if isinstance(k, str) and not _skipped(k)}, **first}
+    return ns, label
+
+
+def rehearse_state(rt: Runtime, pos: Position) -> Callable[[], list[Problem]] | None:
+    """Start rehearsing the write check of a pause here in a forked child (the program goes
+    on meanwhile); the function returned waits for its findings. None: not possible here."""
+    from sojourn.capsule import probe
+    from sojourn.capsule.scan import differences
+
+    ns, label = _scan_roots(rt, pos)
+    set_capture(pos)
+    try:
+        child = probe.start(ns)
+    finally:
+        set_capture(None)
+    if child is None:
+        return None
+    return lambda: differences(ns, child.result(), label)

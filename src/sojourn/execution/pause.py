@@ -478,9 +478,32 @@ class PauseController:
 
         req.done.set()
         self.rt.set_flag(False)
-        problems = cap.scan_state(self.rt, pos)
+        problems = cap.scan_state(self.rt, pos, rehearse=False)
         if problems:
-            self._log("warning: a pause now would be refused:\n" + "\n".join(f"  - {p}" for p in problems))
+            self._warn_scan(problems)
+            return
+        # What the write check would refuse: rehearsed in a forked child while the program
+        # runs on; a thread waits for its answer.
+        if getattr(self, "_rehearsing", False):
+            return  # one child at a time: a short scan interval must not pile them up
+        wait = cap.rehearse_state(self.rt, pos)
+        if wait is not None:
+            self._rehearsing = True
+            threading.Thread(target=self._rehearsed, args=(wait,), name="sojourn-rehearse", daemon=True).start()
+
+    def _rehearsed(self, wait: Any) -> None:
+        try:
+            problems = wait()
+        except Exception as e:
+            self._log(f"the rehearsal of the write check failed: {type(e).__name__}: {e}")
+            return
+        finally:
+            self._rehearsing = False
+        if problems:
+            self._warn_scan(problems)
+
+    def _warn_scan(self, problems: Any) -> None:
+        self._log("warning: a pause now would be refused:\n" + "\n".join(f"  - {p}" for p in problems))
 
     def _log(self, message: str) -> None:
         if self.config.log is not None:

@@ -37,6 +37,7 @@ from typing import Any
 
 from sojourn.capsule.reducers import code as code_reducers
 from sojourn.capsule.registry import register
+from sojourn.execution import cells as notebook_cells
 from sojourn.execution.position import FrameRecord, Position, frame_locals, span_at
 from sojourn.execution.runtime import BOOT, RUNTIME, TransformedModule
 
@@ -133,7 +134,7 @@ def _lookup(ns: dict[str, Any], qualname: str) -> Any:
 def _by_name(obj: Any, tm: TransformedModule) -> bool:
     """Whether a module whose code runs again on import (not the main script) binds ``obj``
     under its qualified name."""
-    return tm is not RUNTIME.main and _lookup(tm.namespace, obj.__qualname__) is obj
+    return tm is not RUNTIME.main and not notebook_cells.is_cell(tm) and _lookup(tm.namespace, obj.__qualname__) is obj
 
 
 def _named(module: str, qualname: str) -> Any:
@@ -175,7 +176,9 @@ def _remap(module: str) -> Any:
     return RUNTIME.remaps.get(module)
 
 
-def _make_function(module: str, scope: str, name: str, qualname: str, cells: dict[str, Any]) -> types.FunctionType:
+def _make_function(module: str, scope: str, name: str, qualname: str, cells: dict[str, Any],
+                   *loaded: TransformedModule) -> types.FunctionType:
+    # ``loaded``: a notebook cell's module, compiled again by its unpickling (notebook_cells)
     tm = RUNTIME.module(module)
     remap = _remap(module)
     code = tm.scope_code[remap.scope(scope) if remap is not None else scope]
@@ -218,6 +221,8 @@ def _function_reduce(fn: types.FunctionType, pickler: Any) -> Any:
     captured = _CAPTURED.get(fn) if RUNTIME.as_captured else None
     cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=False))
     args = captured if captured is not None else (tm.name, scope, fn.__name__, fn.__qualname__, cells)
+    if notebook_cells.is_cell(tm):
+        args = (*args, tm)
     state = _function_state(fn, True)
     if fn.__module__ != tm.namespace.get("__name__"):
         state["__module__"] = fn.__module__
@@ -432,7 +437,7 @@ register("builtins.type", subclasses=True)(_class_reduce)
 # -- generators -------------------------------------------------------------------------------------
 
 
-def _make_generator(rec: FrameRecord) -> types.GeneratorType:
+def _make_generator(rec: FrameRecord, *loaded: TransformedModule) -> types.GeneratorType:
     from sojourn.execution.resumeform import variant_args, variant_function
 
     fn = variant_function(RUNTIME, rec)
@@ -497,13 +502,18 @@ def _generator_reduce(g: types.GeneratorType, pickler: Any) -> Any:
         return (_make_closed_generator, ())
     info = RUNTIME.scope_of(g.gi_code)
     if info is None:
+        from sojourn.execution.libiters import reduce_generator
+
+        rebuilt = reduce_generator(g)
+        if rebuilt is not None:
+            return rebuilt
         what = "a generator expression" if g.gi_code.co_name == "<genexpr>" else f"generator {g.gi_code.co_qualname}"
-        return pickler.problem(g, f"{what} is not a generator function of the program, so it cannot be "
-                                  "resumed; use a list, or a generator function defined in the program")
+        return pickler.problem(g, _not_the_programs(g, what))
     tm, scope = info
+    cell = (tm,) if notebook_cells.is_cell(tm) else ()
     rec = _untouched(g)
     if rec is not None:
-        return (_make_generator, (_listed(rec if RUNTIME.as_captured else RUNTIME.current_record(rec)),))
+        return (_make_generator, (_listed(rec if RUNTIME.as_captured else RUNTIME.current_record(rec)), *cell))
     frame = g.gi_frame
     assert frame is not None  # only a closed generator has none
     if _CAPTURE is not None and id(frame) in _CAPTURE.running:
@@ -528,14 +538,38 @@ def _generator_reduce(g: types.GeneratorType, pickler: Any) -> Any:
             rec.via, rec.gen = ("gen", delegate) if own else ("iter", None)
         for cm, reason in with_problems(tm, rec.sid, loc):
             pickler.problem(cm, f"{reason} (in generator {g.gi_code.co_qualname}, {rec.where})")
-    return (_make_generator, (_listed(rec),))
+    return (_make_generator, (_listed(rec), *cell))
+
+
+def _not_the_programs(g: types.GeneratorType, what: str) -> str:
+    """Why a generator that no transformed source made cannot travel, and what to do, in the
+    words of where it runs (a notebook's cells, or a script)."""
+    if notebook_cells.IN_NOTEBOOK and RUNTIME.main is None:
+        if what.startswith("a generator expression"):
+            return (f"{what} cannot be resumed: write it as a generator function (def ... yield) at the "
+                    "top level of a cell, or make it a list, before the checkpoint")
+        return (f"{what} cannot be resumed: only generator functions defined with a plain def at the top "
+                "level of a cell (not decorated, not methods) resume from their source; define it so and "
+                "create the generator again, or finish it before the checkpoint")
+    return (f"{what} is not a generator function of the program, so it cannot be "
+            "resumed; use a list, or a generator function defined in the program")
+
+
+@register("sojourn.execution.runtime.TransformedModule")
+def _module_reduce(tm: TransformedModule, pickler: Any) -> Any:
+    # Only a notebook cell's module travels (as its source, once per capsule: the memo);
+    # the program's modules are compiled again from their files on resume.
+    if notebook_cells.is_cell(tm) and tm.namespace is pickler.ctx.namespace:
+        return (notebook_cells.load_cell, (tm.name, tm.filename, tm.source))
+    return pickler.problem(tm, f"the code of {tm.filename} travels only with the namespace it runs in")
 
 
 def _async_refused(obj: Any, pickler: Any) -> Any:
     code = getattr(obj, "cr_code", None) or getattr(obj, "ag_code", None)
     name = code.co_qualname if code is not None else type(obj).__name__
+    when = "the checkpoint" if notebook_cells.IN_NOTEBOOK and RUNTIME.main is None else "the pause"
     return pickler.problem(obj, f"{name} is a coroutine (async def); sojourn cannot pause or carry "
-                                "coroutines: finish or cancel it before the pause")
+                                f"coroutines: finish or cancel it before {when}")
 
 
 register("builtins.coroutine", "builtins.async_generator")(_async_refused)

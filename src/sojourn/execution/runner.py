@@ -74,9 +74,10 @@ def _prepare(script: Path, argv: Sequence[str]) -> types.ModuleType:
     else:
         sys.path.append(str(script.parent))
     importer.install([str(script.parent), os.getcwd()])
-    from sojourn.execution import loaders
+    from sojourn.execution import libiters, loaders
 
     loaders.install()
+    libiters.install()
     return _new_main(script)
 
 
@@ -304,9 +305,10 @@ def resume(
         return Resumed(manifest.id, sys.version.split()[0], info.get("where", ""), [*restored.notes, *notes],
                        {"prepare": t_defs - t0, "restore": restored.timings.get("total", 0.0), "total": t_end - t0},
                        [c.event() for c in changes])
-    from sojourn.execution import loaders
+    from sojourn.execution import libiters, loaders
 
     loaders.materialize()  # DataLoader iterators: replayed now, their workers started
+    libiters.materialize()  # library generators in loops: called again and advanced
     if before_run is not None:  # restored and checked: a move's destination waits for its go here
         before_run()
     for note in restored.notes:

@@ -175,15 +175,18 @@ def move(ctl: Any, machine: Any) -> str:
     t0 = time.time()
     ch = control.connect()
     try:
-        ch.send({"op": "move", "machine": machine.name, "python": machine.python, "memory": machine.memory,
-                 "preload": installed_packages(),
-                 # most of the move's chunks are the last autosave's: the destination reads those now
-                 "prefetch": {"capsule": ctl.autosave.head, "repo": ctl.repo.url}
-                 if ctl.autosave.head and PREFETCH else None})
-        m, notes, capture_s = ctl.checkpoint("move")
-        ch.send({"capsule": m.id, "repo": ctl.repo.url, "workspace": ctl.session.workspace,
-                 "moved_from": ctl.session.allocation, "machine": machine.name})
-        ans = ch.recv(timeout=MOVE_TIMEOUT)
+        try:
+            ch.send({"op": "move", "machine": machine.name, "python": machine.python, "memory": machine.memory,
+                     "preload": installed_packages(),
+                     # most of the move's chunks are the last autosave's: the destination reads those now
+                     "prefetch": {"capsule": ctl.autosave.head, "repo": ctl.repo.url}
+                     if ctl.autosave.head and PREFETCH else None})
+        except OSError as e:  # the provisioner went away after it accepted the connection
+            ans = {"status": "failed", "error": f"the kernel provisioner did not take the request ({e})"}
+        else:
+            m, notes, capture_s = ctl.checkpoint("move")
+            ans = answer(ch, {"capsule": m.id, "repo": ctl.repo.url, "workspace": ctl.session.workspace,
+                              "moved_from": ctl.session.allocation, "machine": machine.name}, MOVE_TIMEOUT)
     except BaseException:
         ch.close()  # the provisioner takes a closed channel as "cancel" and kills the destination
         raise
@@ -203,6 +206,30 @@ def move(ctl: Any, machine: Any) -> str:
     }
     hand_over_and_exit(ch, kernel, handoff)
     raise AssertionError("unreachable")
+
+
+def answer(ch: control.Channel, doc: dict[str, Any] | None, timeout: float) -> dict[str, Any]:
+    """Send ``doc`` (when not None) and return the provisioner's answer, whatever the timing.
+
+    The provisioner may have given up on the move while this kernel was still capturing (the
+    destination died at start, a slow capture on a loaded machine): it then answered "failed"
+    and closed the connection, so the send meets a closed socket (EPIPE) while the reason
+    already waits in this side's receive buffer, readable after the peer's close. Reading it
+    is what keeps "the kernel stays where it was, and why" true at any speed. A channel that
+    ends without an answer is a failure too, never a bare socket error."""
+    sent_error: OSError | None = None
+    if doc is not None:
+        try:
+            ch.send(doc)
+        except OSError as e:
+            sent_error = e
+    try:
+        return ch.recv(timeout=timeout)
+    except TimeoutError:
+        return {"status": "failed", "error": f"the kernel provisioner did not answer within {timeout:g} s"}
+    except (EOFError, OSError, ValueError) as e:
+        why = sent_error or e
+        return {"status": "failed", "error": f"the kernel provisioner ended the move without saying why ({why})"}
 
 
 def carry(ctl: Any) -> dict[str, Any]:

@@ -49,11 +49,20 @@ def _restore(plan: dict[str, Any], prefetch: Any = None) -> tuple[dict[str, Any]
     ns: dict[str, Any] = {}
     with open_repository(plan["repo"]) as r:
         restored = restore_capsule(r, plan["capsule"], into=ns, reuse=reuse)
+    prime_generators()
     st = IPythonState.from_process(restored.process)
     parts = ", ".join(f"{k} {v:.2f}" for k, v in restored.timings.items() if k != "total")
     if prefetch is not None:
         parts += f"; {prefetch.summary()}"
     return ns, st, list(restored.notes), time.perf_counter() - t0, parts
+
+
+def prime_generators() -> None:
+    """Run the generators a restore rebuilt (cells' generator functions) up to where they
+    stood, once the whole capsule is loaded, as a resumed script does."""
+    reducers = sys.modules.get("sojourn.execution.reducers")
+    if reducers is not None:
+        reducers.prime_rebuilt()
 
 
 def _wait_as_standby(fd: int) -> dict[str, Any]:
@@ -99,14 +108,37 @@ def _standby_note(standby: dict[str, Any], timeline: list[tuple[str, float]]) ->
             f"{', '.join(standby['preloaded']) or 'ipykernel only'}); timeline from the launch: {steps}")
 
 
+def _inline_backend_default() -> None:
+    """The matplotlib backend ipykernel gives every kernel, set before a restore can import
+    matplotlib: matplotlib reads $MPLBACKEND when it is imported, and ipykernel sets it only
+    in ``initialize``, after the restore. (The same rule as ipykernel's: a value set wins.)"""
+    if not os.environ.get("MPLBACKEND"):
+        os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
+
+
+def _inline_figures() -> None:
+    """What importing the inline backend does in a kernel (figures shown as images after a
+    cell, ``Out`` holding a figure displays it), when a restore imported it before the shell
+    existed. Nothing when it was not imported: it does this itself when it is, later."""
+    mod = sys.modules.get("matplotlib_inline.backend_inline")
+    enable = getattr(mod, "_enable_matplotlib_integration", None)
+    if enable is not None:
+        try:
+            enable()
+        except Exception as e:
+            print(f"sojourn: matplotlib's inline figures could not be turned on again: {e}", file=sys.__stderr__)
+
+
 def main() -> None:
     from sojourn.notebook import control
 
     # Before any import; a standby's limit is its launch's too (the memory limit is part of
     # the pool's key, standby.py).
     _limit_memory()
+    _inline_backend_default()
     fd = os.environ.pop("SOJOURN_STANDBY_FD", None)
     standby = _wait_as_standby(int(fd)) if fd else None
+    _inline_backend_default()  # a claimed standby has its launch's environment now
     token = os.environ.pop("SOJOURN_HANDOFF", None)
     resume = os.environ.pop("SOJOURN_RESUME", None)
     plan: dict[str, Any] | None = None
@@ -221,6 +253,7 @@ def _start_kernel(ns: dict[str, Any] | None, st: Any, plan: dict[str, Any] | Non
     # sojourn lifts hidden names out of a capture: the restored variables are the user's.
     for name in restored_names:
         shell.user_ns_hidden.pop(name, None)
+    _inline_figures()
     notes = list(info["notes"])
     if st is not None:
         notes += apply_ipython_state(shell, st)

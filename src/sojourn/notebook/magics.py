@@ -66,6 +66,9 @@ class Controller:
         self.autosave.head = self.session.last_capsule
         shell.events.register("pre_run_cell", self._pre)
         shell.events.register("post_run_cell", self._post)
+        from sojourn.notebook import generators
+
+        generators.install(shell)  # generator functions of cells resume from their source
         if os.environ.get("SOJOURN_AUTOSAVE", "").lower() in ("1", "on", "true", "yes"):
             self.autosave.enabled = True
         from sojourn.notebook.suspend import IdleSuspend, parse_duration
@@ -231,6 +234,9 @@ class Controller:
         if cap is None:
             raise ValueError(f"workspace {ref} has no capsule to open")
         restored = ops.restore(cap, self.repo.url, into=self.shell.user_ns)
+        from sojourn.notebook.launcher import prime_generators
+
+        prime_generators()
         notes = list(restored.notes)
         st = IPythonState.from_process(restored.process)
         if st is not None:

@@ -29,8 +29,10 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -218,7 +220,9 @@ class SojournProvisioner(LocalProvisioner):  # type: ignore[misc]
     # -- the control channel ---------------------------------------------------------------------
 
     def _serve(self, ch: control.Channel) -> None:
-        msg = ch.recv(timeout=30)
+        # No time limit: a suspending kernel connects before its capture and verify (which take
+        # as long as the state is large) and speaks after them; a peer that dies closes the socket.
+        msg = ch.recv(timeout=None)
         op = msg.get("op")
         if op == "move":  # a kernel moves: the destination restores the capsule the source sends next
             self._relocate(ch, msg, plan=None, stand_in=False)
@@ -260,6 +264,8 @@ class SojournProvisioner(LocalProvisioner):  # type: ignore[misc]
                 while not slot.arrived.wait(0.1):
                     if proc.poll() is not None:
                         raise RuntimeError(f"the destination process exited at start (code {proc.returncode})")
+                    if _closed(ch):
+                        raise RuntimeError("the kernel gave up the move")
                 assert slot.channel is not None
                 if stand_in:
                     slot.channel.send({"stand_in": plan})
@@ -275,6 +281,8 @@ class SojournProvisioner(LocalProvisioner):  # type: ignore[misc]
                         if proc.poll() is not None:
                             raise RuntimeError(f"the destination process died while restoring "
                                                f"(exit code {proc.returncode})") from None
+                        if _closed(ch):  # Ctrl-C or its own time limit: it stays the kernel
+                            raise RuntimeError("the kernel gave up the move") from None
                 if res.get("op") != "ready":
                     raise RuntimeError(str(res.get("error") or res))
             except Exception as e:
@@ -286,7 +294,7 @@ class SojournProvisioner(LocalProvisioner):  # type: ignore[misc]
                     pass
                 return
             # Commit: from here on Jupyter follows the next process.
-            old = self.process
+            old, old_pgid = self.process, getattr(self, "pgid", None)
             self.process, self.pid = proc, proc.pid
             try:
                 self.pgid = os.getpgid(proc.pid)
@@ -296,14 +304,23 @@ class SojournProvisioner(LocalProvisioner):  # type: ignore[misc]
                 self._pending.discard(proc)
                 self._suspended = {"target": target, "plan": plan} if stand_in else None
             handoff = None
+            released = False
             try:
                 ch.send({"status": "release"})
                 # The source sends its hand-over as its last act and exits without waiting for
                 # an answer: the bytes wait in the socket, and no request arriving meanwhile is
                 # read by a process that is about to vanish.
-                handoff = ch.recv(timeout=30).get("handoff")
+                handoff = _handoff(ch, old)
+                released = True
             except Exception:
-                pass  # the source died after release: the destination answers no pending cell
+                pass
+            if not released and old is not None and old.poll() is None:
+                # The current process did not take the release (it gave up the move just before
+                # it came: a Ctrl-C, its own time limit) and still runs: it stays the kernel.
+                self.process, self.pid, self.pgid = old, old.pid, old_pgid
+                self._discard(proc)
+                return
+            # (the source died after release: the destination answers no pending cell)
             if old is not None:
                 try:
                     old.wait(timeout=10)
@@ -316,6 +333,8 @@ class SojournProvisioner(LocalProvisioner):  # type: ignore[misc]
             self._slots.pop(token, None)
 
     def _discard(self, proc: subprocess.Popen[bytes]) -> None:
+        if self.process is proc:
+            return  # never the process Jupyter follows
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except OSError:
@@ -357,3 +376,24 @@ class SojournProvisioner(LocalProvisioner):  # type: ignore[misc]
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
+
+
+def _closed(ch: control.Channel) -> bool:
+    """Whether the other side of ``ch`` has closed it (what it sent stays unread)."""
+    try:
+        ready, _, _ = select.select([ch.sock], [], [], 0)
+        return bool(ready) and ch.sock.recv(1, socket.MSG_PEEK) == b""
+    except OSError:
+        return True
+
+
+def _handoff(ch: control.Channel, old: Any) -> Any:
+    """The hand-over the released process sends before it exits. EOFError when it closed the
+    channel without one; waits as long as it runs (a loaded machine), at most 10 minutes."""
+    deadline = time.monotonic() + 600
+    while True:
+        try:
+            return ch.recv(timeout=1.0).get("handoff")
+        except TimeoutError:
+            if (old is not None and old.poll() is not None) or time.monotonic() > deadline:
+                raise

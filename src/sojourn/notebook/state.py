@@ -190,7 +190,8 @@ def _note_cell_files(shell: Any) -> None:
 
 
 def _bad_outputs(outputs: dict[int, Any], err: CaptureError) -> list[int]:
-    if not any(p.path.startswith("<process>") or p.path == "<unreachable>" for p in err.problems):
+    # Problems found only through the process segment (where Out lives), or in no variable.
+    if not any(p.path.startswith(("<process>", "(inside <process>", "(an object no variable")) for p in err.problems):
         return []
     from sojourn import ops
 

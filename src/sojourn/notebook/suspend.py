@@ -27,6 +27,7 @@ from sojourn.notebook import control
 from sojourn.notebook.handover import (
     ARRIVALS,
     MoveFailed,
+    answer,
     current_request,
     hand_over_and_exit,
     installed_packages,
@@ -68,12 +69,12 @@ def suspend(ctl: Any, machine: Any, *, idle: bool = False) -> str:
                 f" MiB written, restored and checked in a fresh interpreter) in {took:.2f} s; pid {os.getpid()} "
                 f"exited and released machine {ctl.machine}. The next cell resumes on {machine.name}.\n")
         text += "".join(f"note: {n}\n" for n in notes)
-        ch.send({"op": "suspend", "machine": machine.name, "python": machine.python, "memory": machine.memory,
-                 "preload": installed_packages(),
-                 "plan": {"capsule": m.id, "workspace": ctl.session.workspace, "kernel_info": kernel.kernel_info,
-                          "plan": {"capsule": m.id, "repo": ctl.repo.url, "workspace": ctl.session.workspace,
-                                   "moved_from": None, "machine": machine.name}}})
-        ans = ch.recv(timeout=120)
+        ans = answer(ch, {
+            "op": "suspend", "machine": machine.name, "python": machine.python, "memory": machine.memory,
+            "preload": installed_packages(),
+            "plan": {"capsule": m.id, "workspace": ctl.session.workspace, "kernel_info": kernel.kernel_info,
+                     "plan": {"capsule": m.id, "repo": ctl.repo.url, "workspace": ctl.session.workspace,
+                              "moved_from": None, "machine": machine.name}}}, 120)
     except BaseException:
         ch.close()  # the provisioner takes a closed channel as "cancel"
         raise

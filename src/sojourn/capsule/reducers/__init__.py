@@ -2,11 +2,17 @@
 
 from sojourn.capsule.reducers import (  # noqa: F401
     code,
+    code_library,
     files,
     iterators,
+    matplotlib,
     numpy,
+    numpy_masked,
     pandas,
+    pandas_internals,
+    pandas_io,
     rng,
     stdlib,
+    stdlib_objects,
     torch,
 )

@@ -24,7 +24,6 @@ dict shared by the functions that had the same globals, holding just the names t
 
 from __future__ import annotations
 
-import ast
 import enum
 import functools
 import importlib
@@ -35,6 +34,21 @@ import weakref
 from typing import Any
 
 from sojourn.capsule.modules import ensure_user_module, source_record
+from sojourn.capsule.reducers.code_enclosing import (
+    base_bindings,
+    class_cells,
+    enclosing_values,
+    held_by_class,
+    wraps_sourceless,
+)
+from sojourn.capsule.reducers.code_library import (
+    REGISTERED,
+    abc_registered,
+    class_without_source,
+    library_class,
+    public_home,
+    register_virtual,
+)
 from sojourn.capsule.registry import register
 from sojourn.capsule.source import (
     OUTER,
@@ -116,61 +130,6 @@ def class_source(cls: type) -> Source | str:
         result = str(e)
     _CLASS_SOURCES[cls] = result
     return result
-
-
-def _enclosing_values(cls: type, src: Source) -> tuple[Any, ...] | str:
-    if not src.freevars:
-        return ()
-    known = _CLASSES.get(cls)
-    if known is not None:
-        return known[2]
-    cells = _class_cells(cls)
-    bases = _base_bindings(src, cls)
-    values = []
-    for name in src.freevars:
-        if name in cells:
-            try:
-                values.append(cells[name].cell_contents)
-                continue
-            except ValueError:
-                pass
-        if name in bases:
-            values.append(bases[name])
-            continue
-        return (f"class {cls.__qualname__} uses {name!r} of the function that defines it when the "
-                "class is created, and the class does not keep that value; define the class at "
-                "module level, or make it an attribute of the class")
-    return tuple(values)
-
-
-def _class_cells(cls: type) -> dict[str, types.CellType]:
-    cells: dict[str, types.CellType] = {}
-    for f in class_functions(cls):
-        for name, cell in zip(f.__code__.co_freevars, f.__closure__ or (), strict=False):
-            if name != "__class__":
-                cells.setdefault(name, cell)
-    return dict(sorted(cells.items()))
-
-
-def _base_bindings(src: Source, cls: type) -> dict[str, Any]:
-    """Names in the class statement's bases (and metaclass) bound to what the class really has."""
-    try:
-        node = ast.parse("if 1:\n" + src.text if src.text[:1].isspace() else src.text).body[0]
-    except SyntaxError:
-        return {}
-    if isinstance(node, ast.If):
-        node = node.body[0]
-    if not isinstance(node, ast.ClassDef):
-        return {}
-    out: dict[str, Any] = {}
-    if "__orig_bases__" not in vars(cls) and len(node.bases) == len(cls.__bases__):
-        for b, value in zip(node.bases, cls.__bases__, strict=True):
-            if isinstance(b, ast.Name):
-                out[b.id] = value
-    for kw in node.keywords:
-        if kw.arg == "metaclass" and isinstance(kw.value, ast.Name):
-            out[kw.value.id] = type(cls)
-    return out
 
 
 # -- reconstructors ------------------------------------------------------------------------------
@@ -286,6 +245,7 @@ def _class_setstate(cls: type, state: tuple[dict[str, Any], dict[str, Any] | Non
     from sojourn.capsule.context import current_or_none
 
     attrs, subset, cells = state
+    attrs = register_virtual(cls, attrs)
     if subset:
         _CLASSES[cls][1].update(subset)
     for k, v in attrs.items():
@@ -383,9 +343,17 @@ def reduce_function(func: types.FunctionType, pickler: Any) -> Any:
     owner = _owner_of(func, pickler)
     if owner is not None:
         return (getattr, owner)
-    if module not in (None, "__main__") and is_library_module(module):
+    library = module not in (None, "__main__") and is_library_module(module)
+    if library:
         pickler.note_module(module)  # a library's closure or lambda: rebuilt from its source
     src = function_source(func)
+    if isinstance(src, str) or (is_library_file(func.__code__.co_filename) and wraps_sourceless(func)):
+        # A method a decorator or a metaclass generated from a string, or wrapped in a
+        # library's closure (a dataclass's __init__, __repr__), of a class defined in a
+        # function: the class makes it again, so it travels as the class's attribute.
+        held = held_by_class(func, pickler)
+        if held is not None:
+            return (getattr, held)
     if isinstance(src, str):
         return pickler.problem(func, src)
     globals_ref, subset = _globals_ref(func.__globals__, pickler)
@@ -417,14 +385,17 @@ def _attr_is(owner: type, name: str, obj: Any) -> bool:
 
 def _owner_of(obj: Any, pickler: Any) -> tuple[type, str] | None:
     """(class, attribute) through which ``obj`` (a method or nested class) is reached."""
+    # A class that travels by value (code_library) carries its members itself: reaching them
+    # through the class would ask the class for what it is being built from.
+    by_value = pickler.__dict__.get("_sojourn_by_value", ())
     hit = _OWNERS.get(obj)
-    if hit is not None and _attr_is(*hit, obj):
+    if hit is not None and _attr_is(*hit, obj) and id(hit[0]) not in by_value:
         return hit
     parts = obj.__qualname__.split(".")
     if len(parts) < 2 or "<locals>" in parts:
         return None
     owner = _find_owner(obj.__module__, parts[:-1], pickler)
-    if not isinstance(owner, type):
+    if not isinstance(owner, type) or id(owner) in by_value:
         return None
     if _attr_is(owner, parts[-1], obj):
         return (owner, parts[-1])
@@ -494,13 +465,19 @@ def _from_source(cls: type, src: Source, name: str, value: Any) -> bool:
 def _class_state(cls: type, src: Source) -> dict[str, Any]:
     if isinstance(cls, enum.EnumMeta):
         return {}  # members and their values come from the class statement
-    state = {}
+    state: dict[str, Any] = {}
+    registered = abc_registered(cls)
+    if registered:
+        state[REGISTERED] = registered  # Base.register(tuple), kept in _abc_impl
     for k, v in vars(cls).items():
         if k in ("__dict__", "__weakref__", "__module__", "__qualname__", "__doc__", "_abc_impl"):
             continue
         if isinstance(v, types.MemberDescriptorType | types.GetSetDescriptorType):
             continue
         if _from_source(cls, src, k, v):
+            continue
+        if k == "__annotations__" and v:
+            state[k] = v  # the statement's own, or set after it (C.__annotations__ = {...})
             continue
         if k.startswith("__") and k.endswith("__") and not isinstance(v, types.FunctionType | staticmethod | classmethod):
             continue  # set by the class machinery (__dataclass_fields__, __firstlineno__, ...)
@@ -514,6 +491,9 @@ def reduce_class(cls: type, pickler: Any) -> Any:
     if module != "__main__" and lookup(module, qualname) is cls:
         if is_library_module(module):
             pickler.note_module(module)
+            home = public_home(module, qualname, cls)
+            if home is not None:  # pathlib._local.PosixPath (3.13) is pathlib.PosixPath on 3.12
+                return (getattr, (home, qualname))
             return NotImplemented
         _module_source_record(pickler, module)
         return (_user_global, (module, qualname))
@@ -522,20 +502,27 @@ def reduce_class(cls: type, pickler: Any) -> Any:
         return (getattr, owner)
     if module != "__main__" and is_library_module(module):
         pickler.note_module(module)
+        rv = library_class(cls, pickler)
+        if rv is None:
+            rv = class_without_source(cls, pickler)  # a namedtuple a library made (pandas' rows)
+        if rv is not None:
+            return rv
         return pickler.problem(cls, f"class {qualname} of the library module {module} cannot be found "
                                f"by its name {module}.{qualname}, so it cannot be referenced on the "
                                "destination")
     src = class_source(cls)
     if isinstance(src, str):
-        return pickler.problem(cls, src)
-    enclosing = _enclosing_values(cls, src)
+        rv = class_without_source(cls, pickler)  # made by a call: namedtuple(), type(), ...
+        return rv if rv is not None else pickler.problem(cls, src)
+    known = _CLASSES.get(cls)
+    enclosing = known[2] if known is not None else enclosing_values(cls, src)
     if isinstance(enclosing, str):
         return pickler.problem(cls, enclosing)
     glb = _class_globals(cls, src, pickler)
     globals_ref, subset = _globals_ref(glb, pickler)
     rebuilt = _BINDINGS.get(cls)
     bindings: dict[str, Any] = dict(rebuilt) if rebuilt is not None else {}
-    bases = _base_bindings(src, cls) if rebuilt is None else {}
+    bases = base_bindings(src, cls) if rebuilt is None else {}
     for name in definition_names(compile_source(src)) if rebuilt is None else ():
         if name in src.freevars or (name.startswith("__") and name.endswith("__")):
             continue  # __name__ is the class's module; __annotations__ its own; no others
@@ -547,7 +534,7 @@ def reduce_class(cls: type, pickler: Any) -> Any:
     for f in class_functions(cls):
         used |= global_names(f.__code__)
     shared = {n: glb[n] for n in sorted(used) if n in glb} if subset else None
-    cells = _class_cells(cls) if src.freevars or "<locals>" in qualname else None
+    cells = class_cells(cls) if src.freevars or "<locals>" in qualname else None
     state = (_class_state(cls, src), shared, cells or None)
     tokens = pickler.__dict__.setdefault("_sojourn_class_tokens", {})
     token = tokens.setdefault(id(cls), len(tokens))

@@ -383,7 +383,7 @@ def _reopen_raw(rel: str, mode: str, offset: int | None) -> io.FileIO:
         ) from None
     if not stat.S_ISREG(st.st_mode):
         raise RestoreError(f"{path} is not a regular file, so the open file {rel!r} cannot be reopened there")
-    fd = os.open(path, flags | _BINARY)
+    fd = os.open(path, (os.O_RDONLY if ctx.rehearsal else flags) | _BINARY)
     try:
         raw = io.FileIO(fd, mode, closefd=True)
     except BaseException:

@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from sojourn.capsule.reducers import numpy_masked as masked
 from sojourn.capsule.reducers import numpy_order as endian
 from sojourn.capsule.registry import register, register_allocator
 
@@ -92,11 +93,15 @@ def _fix(x: Any) -> Any:
     return x
 
 
-def _root(arr: Any) -> Any:
+def _root(arr: Any, pickler: Any) -> Any:
     np = _np()
     root = arr
     while isinstance(root.base, np.ndarray):
         root = root.base
+    if root is not arr and masked.is_masked(root):
+        # A masked array that owns its memory is rebuilt as a view of a plain array: that
+        # array is the root, for it and for every view of it (numpy_masked.py).
+        return masked.owned_root(root, pickler)
     return root
 
 
@@ -184,7 +189,7 @@ def _ndarray_reduce(arr: Any, pickler: Any) -> Any:
     pickler.note_module("numpy")
     if not endian.LITTLE and type(arr) is not np.ndarray and not isinstance(arr, np.memmap):
         return endian.reduce_subclass_big(arr, pickler)
-    root = _root(arr)
+    root = _root(arr, pickler)
     shareable = root.base is None or _contiguous_order(root) is not None
     if arr is not root and shareable:
         offset = _address(arr) - _address(root)

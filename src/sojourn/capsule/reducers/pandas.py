@@ -1,4 +1,5 @@
-"""Reducers that pandas, scipy and scikit-learn objects need beyond their own pickling.
+"""Reducers that pandas, scipy and scikit-learn objects need beyond their own pickling
+(pandas' blocks and copy-on-write references: pandas_internals.py).
 
 pandas DataFrames and Series (categoricals, tz-aware datetimes, MultiIndex, extension
 arrays), scipy sparse matrices and fitted scikit-learn estimators pickle through their own
@@ -30,3 +31,26 @@ def _dtype_reduce(obj: Any, pickler: Any) -> Any:
     # Structured, datetime, explicitly ordered...: numpy's own pickling, with the byte
     # order written as a little-endian machine writes it (numpy_order).
     return numpy_order.reduce_dtype(obj, pickler, _shared_dtype)
+
+
+# -- scikit-learn's Bunch -------------------------------------------------------------------
+#
+# A dict subclass with attribute access whose ``__setstate__`` ignores its state on purpose
+# (old pickles had a stale ``__dict__``): pickled, a Bunch comes back without the
+# ``_deprecated_key_to_warnings`` its ``__init__`` put in ``__dict__``, so even
+# ``Bunch(a=1, b=[1, 2])`` failed its fingerprint check. It travels as its items and its
+# ``__dict__``, set back without its ``__setstate__`` or ``__setattr__`` (which writes items).
+
+
+def _bunch_new(cls: Any) -> Any:
+    return dict.__new__(cls)
+
+
+def _bunch_setstate(obj: Any, state: dict[str, Any]) -> None:
+    obj.__dict__.update(state)
+
+
+@register("sklearn.utils._bunch.Bunch")
+def _bunch_reduce(obj: Any, pickler: Any) -> Any:
+    pickler.note_module("sklearn")
+    return (_bunch_new, (type(obj),), dict(obj.__dict__), None, iter(dict.items(obj)), _bunch_setstate)

@@ -7,8 +7,8 @@ optimizers.
   which the capsule's process segment carries.
 * Modules and optimizers use their own pickling. Optimizer hooks travel (torch's
   ``__getstate__`` drops them), and restored hook ids move ``RemovableHandle.next_id`` past
-  them, so a new hook cannot replace an old one. Not restored: the wrapper an LR scheduler
-  puts on ``optimizer.step`` only to warn about call order.
+  them, so a new hook cannot replace an old one. The wrapper an LR scheduler puts on
+  ``optimizer.step`` (to warn about call order) is put back, and whether it saw a call.
 """
 
 from __future__ import annotations
@@ -105,9 +105,37 @@ def _make_generator(slot: int, state: bytes, seed: int) -> Any:
 # -- modules and optimizers: their own pickling, plus hooks and hook ids ------------------------
 
 
+_LR_SCHED = "_sj_lr_sched"  # in an optimizer's travelling state: an LR scheduler wrapped its step
+
+
 def _setstate_with_hooks(obj: Any, state: dict[str, Any]) -> None:
+    sched = state.pop(_LR_SCHED, None) if type(state) is dict else None
     obj.__setstate__(state)
     _bump_hook_ids(v for k, v in state.items() if k.endswith("hooks") and isinstance(v, dict))
+    if sched is not None:
+        _wrap_step(obj, sched)
+
+
+def _wrap_step(opt: Any, called: bool) -> None:
+    """What an LR scheduler's ``__init__`` does to its optimizer (torch.optim.lr_scheduler,
+    ``patch_track_step_called``): ``step`` notes that it was called, which the scheduler's
+    first ``step()`` checks. Without it torch warns that ``optimizer.step()`` was overridden."""
+    import functools
+    import weakref
+
+    func = type(opt).step
+    opt_ref = weakref.ref(opt)
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        o = opt_ref()
+        o._opt_called = True  # type: ignore[union-attr]
+        return func.__get__(o, o.__class__)(*args, **kwargs)
+
+    wrapper._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
+    opt.step = wrapper
+    if called:
+        opt._opt_called = True
 
 
 @register("torch.nn.modules.module.Module", "torch.optim.optimizer.Optimizer", subclasses=True)
@@ -131,5 +159,8 @@ def _hooked_reduce(obj: Any, pickler: Any) -> Any:
         # Optimizer.__getstate__ keeps only defaults, state and param_groups.
         hooks = {k: v for k, v in vars(obj).items() if k.startswith("_optimizer_") and k.endswith("hooks") and v}
         state = {**state, **hooks}
+        step = vars(obj).get("step")
+        if getattr(step, "_wrapped_by_lr_sched", False):
+            state[_LR_SCHED] = bool(vars(obj).get("_opt_called", False))
     rest = (*rv[3:], None, None)[:2]
     return (rv[0], rv[1], state, *rest, _setstate_with_hooks)
