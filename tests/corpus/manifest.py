@@ -35,10 +35,10 @@ class Program:
     timeout: float = 120.0  # the unmoved run's limit
     deadline: float = 60.0  # seconds a pause may wait for a statement boundary
     note: str = ""
-    xfail: str = ""  # a finding's reference (corpus-findings.md) while it is open
+    xfail: str = ""  # a finding's reference (docs/corpus.md) while it is open
 
 
-# Open findings (/work/coord/corpus-findings.md, forwarded to their owners): a failure whose
+# Open findings (docs/corpus.md lists every finding and its state): a failure whose
 # text matches one is that finding, and the test is an expected failure naming it; the bench
 # table counts it as a failure all the same. A failure that matches none is a new finding.
 FINDINGS: dict[str, str] = {

@@ -5,7 +5,7 @@ the unmoved run's, every requested pause must land, and no job may be lost.
 
 The seed is printed (``SOJOURN_CORPUS_SEED`` replays it). ``SOJOURN_CORPUS_PAUSES`` sets the
 pauses per program (default 2 for pure Python and numpy, 1 for the others;
-``bench/bench_corpus.py`` runs the whole corpus as a table with more). A program whose open finding (``corpus-findings.md``) still fails it is marked
+``bench/bench_corpus.py`` runs the whole corpus as a table with more). A program whose open finding (``docs/corpus.md``) still fails it is marked
 xfail with that reference; the bench table still counts it as a failure.
 """
 
@@ -68,7 +68,7 @@ def test_program_paused_at_random_points_ends_as_an_unmoved_run(prog: Program, t
     assert not o.error, o.error
     ref = None if o.ok else _known(details)
     if ref is not None:
-        pytest.xfail(f"open finding {ref} (corpus-findings.md): {o.line()}")
+        pytest.xfail(f"open finding {ref} (docs/corpus.md): {o.line()}")
     assert not o.lost, f"{o.line()}\n{details}"
     assert not o.failed, f"{o.line()}\n{details}"
     assert not o.wrong, f"{o.line()}\n{details}"
