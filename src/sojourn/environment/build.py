@@ -188,7 +188,14 @@ def prepare(capsule: str, packages: dict[str, dict[str, Any]], needs: dict[str, 
     needs (its sojourn children's ``env``), else a built environment (``build_env``), else
     a one-line refusal. With ``build_env`` in ``exact`` mode, an interpreter whose versions
     differ from the recorded ones gets a built environment too."""
-    target = probe(python, list(needs), env=env, distributions=build_env)
+    try:
+        target = probe(python, list(needs), env=env, distributions=build_env)
+    except SojournError:
+        if build_env:
+            raise
+        # No answer (it died, was killed, is no Python): nothing definite to refuse on. The
+        # session starts as it would have, and records how its interpreter ended.
+        return python
     if not target.supported:
         raise SojournError(target.unsupported_message())
     missing = plan.missing_in(needs, target.modules)
