@@ -64,6 +64,19 @@ class RestoreError(SojournError):
     """A capsule could not be turned back into live objects."""
 
 
+class MissingLibraryError(RestoreError, ModuleNotFoundError):
+    """The capsule needs library modules this interpreter cannot import; nothing was
+    unpickled. ``modules`` names them."""
+
+    def __init__(self, message: str, modules: list[str]):
+        super().__init__(message)
+        self.modules = modules
+        self.name = modules[0] if modules else None
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
 @dataclass(frozen=True)
 class Problem:
     """One object that cannot travel, with its path from a root variable and why."""

@@ -72,6 +72,13 @@ mv = memoryview(b"Hello!" * 3)[2:15:2]
 paths = [pathlib.Path("/x/y"), pathlib.PurePosixPath("a/b"), pathlib.PosixPath]
 values = [P(1), N(1, "s"), Color.GREEN, Mode.WRITE, D(1)]
 globals()["name\\udc80"] = "a surrogate in a name"
+
+def scope():
+    import xml.etree.ElementTree  # a submodule reached through the closure's `xml`
+    def comment():
+        return xml.etree.ElementTree.Comment("c").text
+    return comment
+comment = scope()
 '''
 
 RESULTS = '''
@@ -97,6 +104,7 @@ def results(g):
         "paths": [str(g["paths"][0]), str(g["paths"][1]), g["paths"][2].__name__,
                   type(g["paths"][0]).__name__],
         "surrogate": g["name\\udc80"],
+        "submodule": g["comment"](),
     }
 '''
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle as _real_pickle
 import sys
 from typing import Any
 
@@ -85,6 +86,84 @@ def entry_key() -> str:
     return str(_current["nodeid"])
 
 
+# -- cloudpickle.dumps / pickle.loads, as the suite's tests call them directly ----------------
+#
+# Tests that call ``cloudpickle.dumps(obj)`` and then ``pickle.loads(data)`` (or
+# ``cloudpickle.loads``) get a round trip too: ``dumps`` is the round trip, and returns a
+# token naming its capsule; ``loads`` of a token restores that capsule. Only where the table
+# says the test runs (a test that reads cloudpickle's bytes stays n/a).
+
+TOKEN = b"\x80sojourn-capsule:"
+
+
+_DIRECT: set[str] = set()
+if os.environ.get("SOJOURN_CP_DIRECT"):
+    with open(os.environ["SOJOURN_CP_DIRECT"]) as f:
+        _DIRECT = set(json.load(f))
+
+
+def _direct() -> bool:
+    return _current["nodeid"] in _DIRECT
+
+
+def _dumps(obj: Any, protocol: Any = None, buffer_callback: Any = None) -> bytes:
+    import sojourn
+
+    if not _direct():
+        return _REAL["dumps"](obj, protocol=protocol, buffer_callback=buffer_callback)  # type: ignore[no-any-return]
+    entry = _entry()
+    n = len(entry["capsules"])
+    if _MODE == "record":
+        try:
+            ref = sojourn.capture({"obj": obj}, _REPO)
+        except sojourn.CaptureError as e:
+            entry["capsules"].append({"refused": str(e)})
+            entry["refused"].append(str(e))
+            raise
+        entry["capsules"].append(ref.id)
+        return TOKEN + ref.id.encode()
+    echoed = _ECHOED.get(entry_key(), [])
+    entry["capsules"].append(echoed[n] if n < len(echoed) else None)
+    if n >= len(echoed):
+        raise EchoFailed(f"round trip {n} of this test was not recorded (the test took another path)")
+    got = echoed[n]
+    if isinstance(got, dict):
+        raise EchoFailed(f"round trip {n}: {got.get('refused') or got.get('error')}")
+    return TOKEN + str(got).encode()
+
+
+def _loads(data: Any, **kwargs: Any) -> Any:
+    if isinstance(data, bytes | bytearray) and bytes(data).startswith(TOKEN):
+        return _restore(bytes(data)[len(TOKEN):].decode())
+    return _REAL["loads"](data, **kwargs)
+
+
+def _dump(obj: Any, file: Any, protocol: Any = None, buffer_callback: Any = None) -> None:
+    if not _direct():
+        _REAL["dump"](obj, file, protocol=protocol, buffer_callback=buffer_callback)
+        return
+    file.write(_dumps(obj, protocol))
+
+
+def _load(file: Any, **kwargs: Any) -> Any:
+    if not _direct():
+        return _REAL["load"](file, **kwargs)
+    return _loads(file.read(), **kwargs)
+
+
+_REAL: dict[str, Any] = {}
+
+
+def _patch(cloudpickle: Any) -> None:
+    """Send cloudpickle's dumps/dump and pickle's loads/load through sojourn for the tests
+    the table names (others, and everything but a token, get the real ones)."""
+    if _REAL:
+        return
+    _REAL.update(dumps=cloudpickle.dumps, dump=cloudpickle.dump, loads=_real_pickle.loads, load=_real_pickle.load)
+    cloudpickle.dumps, cloudpickle.dump, cloudpickle.loads, cloudpickle.load = _dumps, _dump, _loads, _load
+    _real_pickle.loads, _real_pickle.load = _loads, _load
+
+
 _collected: list[str] = []
 
 
@@ -104,6 +183,8 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             mod.pickle_depickle = sojourn_round_trip
         if hasattr(mod, "subprocess_pickle_echo"):
             mod.subprocess_pickle_echo = sojourn_round_trip
+        if hasattr(mod, "cloudpickle") and getattr(mod, "pickle", None) is _real_pickle:
+            _patch(mod.cloudpickle)
 
 
 @pytest.hookimpl(hookwrapper=True)

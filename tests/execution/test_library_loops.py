@@ -1,5 +1,5 @@
 """Loops over library iterators (a module's parameters and submodules, pandas groupby,
-iterrows, itertuples, chunked readers, csv.reader on an open file): a pause inside lands, the
+iterrows, itertuples, chunked readers, csv.reader on an open file, dict views): a pause inside lands, the
 capsule passes its write check in a fresh interpreter, and the resumed program prints what
 a run that never paused prints. A hash object held across a loop is refused by name, with
 advice that works."""
@@ -76,15 +76,20 @@ def test_pandas_groupby_rows_and_chunked_readers(runner: Runner) -> None:
         df = pd.DataFrame({"k": list("abcab"), "v": range(5), "w": [0.5, 1.5, 2.5, 3.5, 4.5]})
         for k, g in df.groupby("k"):
             kill_here(f"group{k}")
+            df.loc[2, "v"] = 50                  # a row of a group ahead: groupby iterates a snapshot
             print("group", k, g["v"].tolist(), flush=True)
         for i, row in df.iterrows():
             kill_here(f"row{i}")
             df.loc[i, "w"] = row["w"] * 2        # the common pattern: write the row just read
+            df.loc[4, "v"] = 100 + i             # and a row ahead: iterrows reads a snapshot
             print("row", i, row["k"], row["v"], flush=True)
         print(df["w"].tolist(), flush=True)
         for row in df.itertuples(name=None):     # zips iterators over the index and columns
             kill_here(f"tuple{row[0]}")
             print("tuple", row, flush=True)
+        for row in df.itertuples():              # rows of pandas' own namedtuple class
+            kill_here(f"named{row.Index}")
+            print("named", row, flush=True)
         for label, value in df["k"].items():
             kill_here(f"item{label}")
             print("item", label, value, flush=True)
@@ -96,13 +101,13 @@ def test_pandas_groupby_rows_and_chunked_readers(runner: Runner) -> None:
             kill_here(f"json{n}")
             print("json", n, chunk["b"].tolist(), flush=True)
     """)
-    chain = runner.chain(script, kills="groupb,row2,tuple3,item1,csv1,json1")
+    chain = runner.chain(script, kills="groupb,row2,tuple3,named1,item1,csv1,json1")
     runner.same_as_plain(script, chain)
-    assert [s.returncode for s in chain.segments] == [EXIT_PAUSED] * 6 + [0], chain.describe()
+    assert [s.returncode for s in chain.segments] == [EXIT_PAUSED] * 7 + [0], chain.describe()
     _checked(runner, chain.capsules)
 
 
-def test_csv_readers_on_open_files_and_a_refused_hash(runner: Runner) -> None:
+def test_csv_readers_dict_views_and_a_refused_hash(runner: Runner) -> None:
     (runner.dir / "rows.csv").write_text('a,b\n1,"x\ny"\n2,z\n3,w\n4,v\n')
     script = runner.write("plain.py", """
         import csv, hashlib
@@ -110,6 +115,14 @@ def test_csv_readers_on_open_files_and_a_refused_hash(runner: Runner) -> None:
             for row in csv.reader(f):
                 kill_here(f"csv{row[0]}")
                 print("csv", row, flush=True)
+        d = {"a": 1, "b": 2, "c": 3}
+        for k, v in d.items():
+            kill_here(f"items{k}")
+            print("item", k, v, flush=True)
+        keys = d.keys()
+        for k in keys:
+            kill_here(f"keys{k}")
+            print("key", k, len(keys), flush=True)
         reader = csv.reader(open("rows.csv", newline=""))
         print("header", next(reader), reader.line_num, flush=True)
         for row in reader:
@@ -121,10 +134,10 @@ def test_csv_readers_on_open_files_and_a_refused_hash(runner: Runner) -> None:
             digest.update(str(i).encode())
         print(digest.hexdigest(), flush=True)
     """)
-    chain = runner.chain(script, kills="csv2,again3,hash1")
+    chain = runner.chain(script, kills="csv2,itemsb,keysa,again3,hash1")
     runner.same_as_plain(script, chain)
     codes = [s.returncode for s in chain.segments]
-    assert codes == [EXIT_PAUSED] * 2 + [0], chain.describe()
+    assert codes == [EXIT_PAUSED] * 4 + [0], chain.describe()
     _checked(runner, chain.capsules)
     err = chain.segments[-1].stderr
     assert "pause refused" in err

@@ -160,7 +160,10 @@ def test_older_skypilot_results_and_resources(monkeypatch: pytest.MonkeyPatch) -
     task = next(c[1]["task"] for c in sky.calls if c[0] == "launch")
     assert task.resources.kw == {"cloud": "<cloud gcp>", "region": offer.region,
                                  "instance_type": offer.extra["instance_type"], "use_spot": False}
-    assert task.run.startswith("exec python3 -m sojourn.workspace.supervise")  # no hard stop asked
+    # no hard stop asked; no setup configured: the environment is built by uv on the VM
+    assert task.run.startswith('exec "$HOME"/.cache/sojourn/envs/')
+    assert "/bin/python -m sojourn.workspace.supervise" in task.run
+    assert "uv venv" in task.setup and "'sojourn[numpy]'" in task.setup
     assert not any(c[0] == "get" for c in sky.calls)
     assert p.status(h) == "running"
 

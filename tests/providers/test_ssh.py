@@ -120,13 +120,20 @@ def test_provider_is_registered_and_reads_the_machines_config(tmp_path: Path) ->
 
     r = open_repository(tmp_path / "repo", create=True)
     try:
+        from sojourn.providers.machines import sign_machines
+
         r.backend.save("config", "machines.toml", b'[ssh.gpu1]\nhost = "gpu1.lab"\ngpus = 4\ngpu = "A100"\n'
                                                   b'price_per_hour = 0.5\n')
+        # A hand-written config names hosts (and what runs there): used once the owner signed it.
+        with pytest.raises(Exception, match=r"\[ssh\] is in a config not signed with the repository key"):
+            get_provider("ssh", r)
+        sign_machines(r)
         p = get_provider("ssh", r)
         assert isinstance(p, SshProvider)
         [o] = p.offers(Requirements(gpus=2, gpu="a100"))
         assert o.name == "gpu1" and o.provider == "ssh" and o.price == 0.5
         r.backend.save("config", "machines.toml", b'[ssh.x]\nhost = "h"\nbogus = 1\n')
+        sign_machines(r)
         with pytest.raises(Exception, match=r"unknown key.*bogus"):
             get_provider("ssh", r)
     finally:

@@ -248,8 +248,15 @@ def test_run_on_a_slurm_machine_records_provider_slurm(sh: Shell, slurm_cluster:
 
     monkeypatch.setenv("SOJOURN_HOME", sh.env["SOJOURN_HOME"])
     ops.set_machine("debug", repo=sh.repo, provider="slurm", price_per_hour=0.05)
-    sh.write("count.py", COUNT, prelude=False)
+    # Held at line 10 until the test has suspended it: the checks below take several CLI
+    # calls, and under load the 4 s program could end before the suspend.
+    gate = Path(sh.dir, "go")
+    held = COUNT.replace("    total += i\n", f"    while i == 10 and not __import__('os').path.exists({str(gate)!r}):\n"
+                                                "        time.sleep(0.02)\n    total += i\n")
+    sh.write("count.py", held, prelude=False)
+    gate.touch()
     expected = sh.plain("count.py", "40")
+    gate.unlink()
     p = sh.cli("run", "--on", "debug", "--max-duration", "10m", "count.py", "40", timeout=180)
     assert p.returncode == 0, p.stderr
     ws = p.stdout.strip()
@@ -267,6 +274,7 @@ def test_run_on_a_slurm_machine_records_provider_slurm(sh: Shell, slurm_cluster:
         assert "#SBATCH --time=00:10:00" in script and "sojourn.workspace.supervise" in script
         sus = sh.cli("suspend", ws)
         assert sus.returncode == 0, sus.stderr
+        gate.touch()
         res = sh.cli("resume", ws, timeout=180)  # back on debug, through Slurm again
         assert res.returncode == 0, res.stderr
         wait_for(lambda: sh.show(ws)["state"] == "finished", 120, "the resumed job to finish")

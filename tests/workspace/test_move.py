@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -313,15 +314,28 @@ def test_readme_demo_small_to_big_on_two_interpreters(mv: Mover, tmp_path: Path)
     sh = mv.sh
     machines_set(sh, "small", "--memory", "2GiB", "--cpus", "1", "--python", py_small, "--price", "0.10")
     machines_set(sh, "big", "--memory", "16GiB", "--python", py_big, "--price", "0.80")
+    # The README's script, held in its second epoch until the move has been asked for: under
+    # load its 8 epochs (~4 s) can end before the destination has started (the move then
+    # rightly reports "the source stopped first"). The output is the script's own.
+    gate = tmp_path / "go"
     train = (Path(__file__).parents[2] / "examples" / "train.py").read_text()
+    held = "            time.sleep(0.01)  # stands for real work"
+    assert held in train
+    train = train.replace("import time\n", "import os\nimport time\n", 1).replace(
+        held, f"            while epoch == 1 and b == 20 and not os.path.exists({str(gate)!r}):\n"
+              f"                time.sleep(0.02)\n{held}")
     (sh.dir / "examples").mkdir()
     (sh.dir / "examples" / "train.py").write_text(train)
+    gate.touch()
     expected = sh.plain("examples/train.py", "8").splitlines()
+    gate.unlink()
     p = sh.cli("run", "--on", "small", "--detach", "examples/train.py", "8")
     assert p.returncode == 0, p.stderr
     ws = p.stdout.strip()
     wait_output(sh, ws, 3)
+    threading.Timer(3.0, gate.touch).start()  # after the move's request; a pause lands in the wait too
     res = mv.move(ws, "big")
+    gate.touch()
     assert res.returncode == 0, res.stderr
     out = sh.cli("logs", "-f", ws, "--stream", "stdout").stdout.splitlines()
     # Each batch line once, in order (the numbers may differ in the last digits between numpy builds).

@@ -26,7 +26,7 @@ from typing import Any
 
 from sojourn.capsule import format as fmt
 from sojourn.capsule import reducers  # noqa: F401  (registers every reducer)
-from sojourn.capsule.environment import distributions_for
+from sojourn.capsule.environment import distributions_for, record_needs, record_packages
 from sojourn.capsule.fingerprint import segment_fingerprint
 from sojourn.capsule.pickler import (
     BYTES_PER_LEVEL,
@@ -111,6 +111,7 @@ def pickle_namespace(
     values.append((fmt.PROCESS_SEGMENT, {**capture_process_state(), **pyplot_state(), **(extra or {})}))
     for name, value in values:
         start, b0 = sink.tell(), len(pickler.buffers)
+        pickler.begin_variable(name)
         ctx.current_root = name
         pickler.dump(value)
         segments.append((start, sink.tell()))
@@ -119,6 +120,9 @@ def pickle_namespace(
         roots[name] = value
         if on_variable is not None:
             on_variable(pickler.buffers[b0:], not ctx.problems)
+    # The pickler and its buffer callback refer to each other: until the cyclic collector
+    # runs, its memo would keep every pickled object alive (a deleted array's memory too).
+    pickler.release()
     if ctx.problems:
         first, label = paths if paths is not None else (None, None)
         problems = problems_with_paths(roots, ctx.problems, first=first, label=label, found_in=ctx.problem_roots)
@@ -245,6 +249,7 @@ def capture_namespace(
         size = (end - start) + sum(records[j].size for j in range(b0, b1))
         variables.append(fmt.Variable(name, pickled.types[i], size, fp, (start, end), (b0, b1)))
 
+    needs = record_needs(pickled.ctx.module_users, skip={m.partition('.')[0] for m in pickled.ctx.user_modules})
     manifest = fmt.Manifest(
         stream=stream_record,
         variables=variables,
@@ -253,6 +258,8 @@ def capture_namespace(
         created=fmt.now(),
         environment=fmt.environment(),
         distributions=distributions_for(pickled.ctx.modules),
+        needs=needs,
+        packages=record_packages(needs),
         user_modules=pickled.ctx.user_modules,
         files=files_json,
         devices=pickled.ctx.devices,

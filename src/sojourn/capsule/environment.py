@@ -1,53 +1,26 @@
-"""Which distributions (and versions) a capsule's library references come from."""
+"""The environment a capsule records (sojourn.environment.record) and checks on restore."""
 
 from __future__ import annotations
 
-import functools
 import importlib.metadata as md
 import sys
 import warnings
 from typing import Any
 
-from sojourn.errors import SojournWarning
+from sojourn.environment.plan import missing_here, refusal
+from sojourn.environment.record import distributions_for, record_needs, record_packages
+from sojourn.errors import MissingLibraryError, SojournWarning
+
+__all__ = ["check_distributions", "distributions_for", "record_needs", "record_packages", "refuse_missing"]
 
 
-@functools.lru_cache(maxsize=1)
-def _top_levels() -> list[tuple[Any, frozenset[str]]]:
-    """Every installed distribution with the top-level modules it provides."""
-    # What packages_distributions() reads, minus its parsing of every distribution's
-    # METADATA for its name (most of its cost, ~1 s on a large environment): only the
-    # distributions of modules a capsule uses need a name.
-    declared = getattr(md, "_top_level_declared", None)
-    inferred = getattr(md, "_top_level_inferred", None)
-    if declared is None or inferred is None:
-        return []
-    return [(d, frozenset(declared(d) or inferred(d))) for d in md.distributions()]
-
-
-@functools.cache
-def _providers(mod: str) -> tuple[str, ...]:
-    """Names of the distributions that provide top-level module ``mod`` (as
-    ``importlib.metadata.packages_distributions()[mod]``, in the same order)."""
-    try:
-        tops = _top_levels()
-        if not tops:
-            return tuple(md.packages_distributions().get(mod, []))
-        return tuple(d.metadata["Name"] for d, names in tops if mod in names)
-    except Exception:
-        return ()
-
-
-def distributions_for(modules: set[str]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for mod in sorted(modules):
-        if mod in sys.stdlib_module_names or mod in ("builtins", "__main__", "sojourn"):
-            continue
-        for dist in _providers(mod):
-            try:
-                out[dist] = md.version(dist)
-            except md.PackageNotFoundError:
-                continue
-    return out
+def refuse_missing(manifest: Any, python: str | None = None) -> None:
+    """Refuse, before anything is unpickled (or a program's imports run again), a capsule
+    whose library modules this interpreter cannot import, naming each distribution, its
+    version and the variables that need it, and what to run."""
+    missing = missing_here(manifest.needs)
+    if missing:
+        raise MissingLibraryError(refusal(manifest.id, missing, python), [m.module for m in missing])
 
 
 def _major(v: str) -> str:

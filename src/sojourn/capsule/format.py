@@ -80,6 +80,10 @@ class Manifest:
     created: str = ""
     environment: dict[str, Any] = field(default_factory=dict)
     distributions: dict[str, str] = field(default_factory=dict)
+    # What the environment must have (docs/environment.md): library module -> distribution,
+    # version and the variables that need it; and every distribution in use with its origin.
+    needs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    packages: dict[str, dict[str, Any]] = field(default_factory=dict)
     user_modules: dict[str, dict[str, Any]] = field(default_factory=dict)
     files: dict[str, Any] | None = None
     devices: list[str] = field(default_factory=list)
@@ -93,7 +97,7 @@ class Manifest:
     byteorder: str = "little"
 
     def body(self) -> dict[str, Any]:
-        return {
+        body = {
             "format": FORMAT,
             "version": self.version,
             "byteorder": self.byteorder,
@@ -110,6 +114,12 @@ class Manifest:
             "stats": self.stats,
             "labels": self.labels,
         }
+        # Only when there are any: a capsule of plain values keeps the id it had before.
+        if self.needs:
+            body["needs"] = self.needs
+        if self.packages:
+            body["packages"] = self.packages
+        return body
 
     @property
     def size(self) -> int:
@@ -206,6 +216,8 @@ def open_manifest(raw: bytes, key: bytes, expected_id: str | None = None) -> Man
             created=body.get("created", ""),
             environment=body.get("environment", {}),
             distributions=body.get("distributions", {}),
+            needs=body.get("needs", {}),
+            packages=body.get("packages", {}),
             stream=BufferRecord.from_json(body["stream"]),
             variables=[Variable.from_json(v) for v in body["variables"]],
             buffers=[Buffer.from_json(b) for b in body["buffers"]],

@@ -47,6 +47,9 @@ class CaptureContext:
     namespace: dict[str, Any] | None = None
     problems: list[tuple[Any, str]] = field(default_factory=list)
     modules: set[str] = field(default_factory=set)  # top-level modules referenced
+    # top-level module -> the variables whose pickles refer to it (the manifest's ``needs``)
+    module_users: dict[str, list[str]] = field(default_factory=dict)
+    variable: str | None = None  # the variable being pickled
     user_modules: dict[str, dict[str, Any]] = field(default_factory=dict)
     devices: list[str] = field(default_factory=list)
     fingerprint_only: bool = False
@@ -60,23 +63,47 @@ def _unsupported(type_name: str) -> None:
     raise pickle.UnpicklingError(f"a placeholder for an unsupported {type_name} was unpickled")
 
 
+class _BufferSink:
+    """The pickler's buffer callback: every buffer goes out of band, with its tag."""
+
+    def __init__(self) -> None:
+        self.buffers: list[BufferOut] = []
+        self.tagged: dict[int, tuple[pickle.PickleBuffer, str, dict[str, Any], Any]] = {}
+
+    def __call__(self, pb: pickle.PickleBuffer) -> bool:
+        tag = self.tagged.pop(id(pb), None)
+        meta: dict[str, Any]
+        if tag is None:
+            kind, meta, owner = "raw", {}, pb
+        else:
+            _, kind, meta, owner = tag
+        self.buffers.append(BufferOut(pb.raw(), kind, meta, owner))
+        return False  # never in-band
+
+
 class _Capsule:
     """What both capsule picklers do (the C one, and the pure-Python one for deep graphs)."""
 
     _base: Any = pickle.Pickler
 
     def __init__(self, file: io.BufferedIOBase | io.BytesIO, ctx: CaptureContext):
-        self._base.__init__(self, file, protocol=PROTOCOL, buffer_callback=self._on_buffer)
+        # The buffer callback is an object of its own, not a method of the pickler: a
+        # pickler holding its own bound method is a cycle, and its memo (every pickled
+        # object, arrays too) would live until the cyclic collector ran.
+        sink = _BufferSink()
+        self._base.__init__(self, file, protocol=PROTOCOL, buffer_callback=sink)
         # Whoever pickles gets every reducer: importing the package registers them (once).
         from sojourn.capsule import reducers  # noqa: F401
 
         self.ctx = ctx
-        self.buffers: list[BufferOut] = []
-        self._tagged: dict[int, tuple[pickle.PickleBuffer, str, dict[str, Any], Any]] = {}
+        self.buffers: list[BufferOut] = sink.buffers
+        self._tagged = sink.tagged
         self._keep: list[Any] = []
         self._shared_globals: dict[int, dict[str, Any]] = {}
-        # Types that take the generic path -> whether their module was noted already.
-        self._generic: dict[type, bool] = {}
+        # Types that take the generic path -> the variable (number) their module was last
+        # noted for (-1: never): noted once per type and variable, not once per object.
+        self._generic: dict[type, int] = {}
+        self._variable = 0
 
     # -- out-of-band buffers ------------------------------------------------------------------
 
@@ -85,16 +112,6 @@ class _Capsule:
         pb = pickle.PickleBuffer(owner)
         self._tagged[id(pb)] = (pb, kind, meta or {}, owner)
         return pb
-
-    def _on_buffer(self, pb: pickle.PickleBuffer) -> bool:
-        tag = self._tagged.pop(id(pb), None)
-        meta: dict[str, Any]
-        if tag is None:
-            kind, meta, owner = "raw", {}, pb
-        else:
-            _, kind, meta, owner = tag
-        self.buffers.append(BufferOut(pb.raw(), kind, meta, owner))
-        return False  # never in-band
 
     # -- problems -------------------------------------------------------------------------------
 
@@ -105,12 +122,43 @@ class _Capsule:
             self.ctx.problem_roots.setdefault(id(obj), self.ctx.current_root)
         return (_unsupported, (registry.type_name(type(obj)),))
 
+    def _registered(self, obj: Any, t: type) -> Any:
+        """An object of the program's own class whose reducer the program registered with
+        ``copyreg.pickle``: the registration travels with it (the restored class has none
+        otherwise, and would pickle, and check, another way)."""
+        fn = copyreg.dispatch_table[t]
+        try:
+            rv = fn(obj)
+        except Exception as e:
+            return self.problem(obj, f"its reducer registered with copyreg fails: {e}")
+        if not isinstance(rv, tuple) or not 2 <= len(rv) <= 6 or not callable(rv[0]):
+            return NotImplemented  # a global's name, or a shape pickle itself will judge
+        return (_copyreg_made, (t, fn, rv[0], rv[1]), *rv[2:])
+
+    def release(self) -> None:
+        """Drop the memo and what it kept alive (the buffers stay: they are still to be written)."""
+        self.clear_memo()  # type: ignore[attr-defined]
+        self._keep.clear()
+        self._shared_globals.clear()
+        self._tagged.clear()
+
     def keepalive(self, obj: Any) -> None:
         self._keep.append(obj)
 
+    def begin_variable(self, name: str) -> None:
+        """The next ``dump`` pickles variable ``name``: modules noted from now on are its."""
+        self.ctx.variable = name
+        self._variable += 1
+
     def note_module(self, module_name: str | None) -> None:
         if module_name:
-            self.ctx.modules.add(module_name.partition(".")[0])
+            top = module_name.partition(".")[0]
+            self.ctx.modules.add(top)
+            var = self.ctx.variable
+            if var is not None:
+                users = self.ctx.module_users.setdefault(top, [])
+                if not users or users[-1] != var:
+                    users.append(var)
 
     # -- the override -----------------------------------------------------------------------------
 
@@ -128,6 +176,8 @@ class _Capsule:
                 from sojourn.capsule.reducers import code
 
                 return code.reduce_function(obj, self)
+            if t in copyreg.dispatch_table and _program_type(t):
+                return self._registered(obj, t)
             if t in _NATIVE or t in copyreg.dispatch_table:
                 return NotImplemented
             reason = _refusal(obj)
@@ -135,7 +185,7 @@ class _Capsule:
                 return self.problem(obj, reason)
             # Every test above depends on the type alone: the next object of this type (there
             # are often 10^5 of them) goes straight to its own __reduce_ex__.
-            self._generic[t] = False
+            self._generic[t] = -1
         try:
             rv = obj.__reduce_ex__(PROTOCOL)
         except RecursionError:
@@ -147,8 +197,8 @@ class _Capsule:
                 # pickle would raise deep in C with no word of which object it was
                 return self.problem(obj, f"its __reduce__ returned a tuple pickle cannot use ({_bad_tuple(rv)})")
             if rv:
-                if not self._generic[t]:
-                    self._generic[t] = True
+                if self._generic[t] != self._variable:
+                    self._generic[t] = self._variable
                     self.note_module(getattr(t, "__module__", None))
                 if len(rv) >= 3:
                     return _exact_build(t, rv)
@@ -341,6 +391,18 @@ _NATIVE: set[type] = {
     range,
     slice,
 }
+
+
+def _program_type(t: type) -> bool:
+    from sojourn.capsule.source import is_library_module
+
+    return not is_library_module(getattr(t, "__module__", None))
+
+
+def _copyreg_made(t: type, fn: Any, func: Any, args: tuple[Any, ...]) -> Any:
+    """Register ``fn`` for ``t`` again where it is restored, then make the object."""
+    copyreg.pickle(t, fn)
+    return func(*args)
 
 
 def _bad_tuple(rv: tuple[Any, ...]) -> str:

@@ -10,9 +10,9 @@ child's output goes to /dev/null and it reopens the program's files for reading 
 what it rebuilds (a tqdm bar draws itself) reaches neither the terminal nor those files; the
 scan before it has flushed the program's file buffers, so the child has nothing to write.
 
-Array buffers are handed back zero-copy (the restored arrays are the child's copy-on-write
-view of the program's memory, so nothing is copied unless written); other buffers (torch
-storages) are copied, so a namespace whose other buffers exceed a quarter of the memory
+Array and CPU tensor buffers are handed back zero-copy (the restored arrays and storages are
+the child's copy-on-write view of the program's memory, so nothing is copied unless written);
+other buffers are copied, so a namespace whose other buffers exceed a quarter of the memory
 available is not rehearsed (None). What the child cannot tell: differences that only another
 process or machine shows (a class found by another name there, another library version);
 those the write check still finds.
@@ -120,12 +120,17 @@ def _in_child(roots: dict[str, Any], workspace: Path) -> list[tuple[str, str]] |
         segments.append((start, sink.tell()))
     if ctx.problems:
         return []  # refused already, by the scan that called us
-    copied = sum(b.view.nbytes for b in pickler.buffers if b.kind != "ndarray")
+    copied = sum(b.view.nbytes for b in pickler.buffers if b.kind not in ("ndarray", "torch-storage"))
     if copied > _available() // 4:
         return None
     objects, tokens = [], {}
     for i, b in enumerate(pickler.buffers):
-        obj, view = _zero_copy(b) if b.kind == "ndarray" else _copy(b, allocator)
+        if b.kind == "ndarray":
+            obj, view = _zero_copy(b)
+        elif b.kind == "torch-storage" and b.view.nbytes and not b.view.readonly:
+            obj, view = _zero_copy_storage(b)
+        else:
+            obj, view = _copy(b, allocator)
         objects.append(obj)
         tokens[(_address(view), view.nbytes)] = [f"buffer {i}"]
     stream = sink.getvalue()
@@ -192,6 +197,19 @@ def _zero_copy(b: BufferOut) -> tuple[Any, memoryview]:
     if view.readonly:
         arr.flags.writeable = False
     return arr, view
+
+
+def _zero_copy_storage(b: BufferOut) -> tuple[Any, memoryview]:
+    """A torch storage over the program's own bytes (the child's copy), as the allocator's."""
+    import ctypes
+
+    import torch
+
+    view = b.view.cast("B") if b.view.format != "B" or b.view.ndim != 1 else b.view
+    window = (ctypes.c_char * view.nbytes).from_address(_address(view))
+    window._sj_keep = b.owner  # type: ignore[attr-defined]
+    storage = torch.frombuffer(window, dtype=torch.uint8).untyped_storage()
+    return storage, view
 
 
 def _copy(b: BufferOut, allocator: Any) -> tuple[Any, memoryview]:

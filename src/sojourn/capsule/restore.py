@@ -34,7 +34,7 @@ from sojourn.capsule import (
 )
 from sojourn.capsule import format as fmt
 from sojourn.capsule.context import RestoreContext, restoring
-from sojourn.capsule.environment import check_distributions
+from sojourn.capsule.environment import check_distributions, refuse_missing
 from sojourn.capsule.fingerprint import (
     canonical_digests,
     difference,
@@ -134,6 +134,7 @@ def restore_capsule(
     t0 = time.perf_counter()
     manifest = fmt.load_manifest(repo, capsule)
     fmt.check_readable(manifest)
+    refuse_missing(manifest)
     notes = check_distributions(manifest.distributions, manifest.environment)
     files_root = Path(files_to).absolute()
     if manifest.files:

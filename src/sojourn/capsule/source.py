@@ -122,7 +122,50 @@ def _library_roots() -> tuple[str, ...]:
 @functools.lru_cache(maxsize=4096)
 def is_library_file(path: str) -> bool:
     real = os.path.realpath(path)
-    return any(real == r or real.startswith(r + os.sep) for r in _library_roots())
+    return any(real == r or real.startswith(r + os.sep) for r in _library_roots()) or _installed_on_path(real)
+
+
+def _installed_on_path(real: str) -> bool:
+    """A file of a distribution installed into a directory on ``sys.path`` outside the site
+    directories (``pip install --target``, a cluster's shared software on PYTHONPATH): the
+    directory holds the distribution's ``.dist-info``. Such a library must be pickled by
+    reference on one machine as on another where it sits in site-packages, or the restore's
+    fingerprint check refuses its objects. (``.egg-info`` is not asked: an in-tree setuptools
+    checkout has one, and its modules are the program's.)"""
+    for entry in sys.path:
+        if not entry:
+            continue
+        base = os.path.realpath(entry)
+        if real.startswith(base + os.sep):
+            top = real[len(base) + 1:].split(os.sep, 1)[0].split(".", 1)[0]
+            if top in _tops_with_dist_info(base):
+                return True
+    return False
+
+
+@functools.lru_cache(maxsize=256)
+def _tops_with_dist_info(base: str) -> frozenset[str]:
+    tops: set[str] = set()
+    try:
+        infos = [n for n in os.listdir(base) if n.endswith(".dist-info")]
+    except OSError:
+        return frozenset()
+    for info in infos:
+        try:
+            with open(os.path.join(base, info, "top_level.txt")) as f:
+                tops.update(line.strip() for line in f if line.strip())
+            continue
+        except OSError:
+            pass
+        try:  # no top_level.txt (most wheels built without setuptools): the files it installed
+            with open(os.path.join(base, info, "RECORD")) as f:
+                for line in f:
+                    first = line.split(",", 1)[0].split("/", 1)[0]
+                    if first and not first.endswith((".dist-info", ".data")) and first != "..":
+                        tops.add(first.split(".", 1)[0])
+        except OSError:
+            pass
+    return frozenset(tops)
 
 
 def is_library_module(name: str | None) -> bool:

@@ -52,10 +52,12 @@ def inspect_cmd(capsule: str, repo: str | None, as_json: bool) -> None:
 @click.argument("capsule")
 @repo_option
 @click.option("--python", "python", default=None, help="Interpreter to verify with (default: this one).")
+@click.option("--build-env", is_flag=True,
+              help="Build the capsule's environment (uv, cached) for the interpreter if it lacks it.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for programs.")
-def verify_cmd(capsule: str, repo: str | None, python: str | None, as_json: bool) -> None:
+def verify_cmd(capsule: str, repo: str | None, python: str | None, build_env: bool, as_json: bool) -> None:
     """Restore a capsule in a fresh interpreter and compare every fingerprint."""
-    report = ops.verify(capsule, repo, python=python)
+    report = ops.verify(capsule, repo, python=python, build_env=build_env)
     if as_json:
         emit_json(report.to_json())
     elif report.ok:
@@ -102,3 +104,38 @@ def source_cmd(capsule: str, file: str | None, repo: str | None, to: str | None,
         for s in found:
             click.echo(f"# ==> {s.relpath} ({s.module}, {s.now} since the capture) <==")
             click.echo(s.text, nl=not s.text.endswith("\n"))
+
+
+@click.command("env")
+@click.argument("capsule")
+@repo_option
+@click.option("--python", "python", default=None, help="The interpreter to compare with (default: this one).")
+@click.option("--mode", type=click.Choice(["exact", "compatible"]), default="exact", show_default=True)
+@click.option("--build", is_flag=True, help="Build the environment (uv, cached) and print its interpreter.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for programs.")
+def env_cmd(capsule: str, repo: str | None, python: str | None, mode: str, build: bool, as_json: bool) -> None:
+    """Show the environment CAPSULE needs against an interpreter, or build it (docs/environment.md)."""
+    from sojourn.ops import environment as E
+
+    if build:
+        click.echo(E.build(capsule, repo, python=python, mode=mode))
+        return
+    p = E.plan(capsule, repo, python=python, mode=mode)
+    if as_json:
+        emit_json(p.to_json())
+        return
+    click.echo(f"capsule   {p.capsule}")
+    click.echo(f"target    {p.python} (Python {p.version}{'' if p.supported else ', not supported'})")
+    click.echo(f"key       {p.key} ({mode})")
+    table("needs", ["module", "distribution", "version", "variables", "here"],
+          [[m, n.get("distribution") or "-", n.get("version") or "-", ", ".join(n.get("variables") or []),
+            "missing" if m in p.missing else "ok"] for m, n in sorted(p.needs.items())])
+    table("packages", ["name", "version", "source", "variant"],
+          [[k, v.get("version", ""), (v.get("source") or {}).get("kind", ""),
+            ", ".join(f"{a}={b}" for a, b in (v.get("variant") or {}).items())] for k, v in sorted(p.packages.items())])
+    for d in p.differences:
+        click.echo(f"  differs: {d}")
+    if p.sojourn_missing:
+        click.echo(f"  the target lacks sojourn's own: {', '.join(p.sojourn_missing)}")
+    if p.missing or p.sojourn_missing or not p.supported:
+        click.echo("not resumable there as it is: `sojourn env CAP --build` or `sojourn resume WS --build-env`")

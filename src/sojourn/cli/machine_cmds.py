@@ -76,6 +76,17 @@ def set_cmd(name: str, repo: str | None, memory: str | None, cpus: str | None, p
                    "that is fixed", err=True)
 
 
+@machines_cmd.command("sign")
+@repo_option
+def sign_cmd(repo: str | None) -> None:
+    """Sign config/machines.toml with the repository key after editing it by hand. Its
+    interpreters, hosts and provider options are used only when signed: check what it says
+    first (printed here), since signing vouches for all of it."""
+    text = ops.sign_machines(repo=repo)
+    click.echo(text, nl=False)
+    click.echo("sojourn: machines.toml signed with the repository key", err=True)
+
+
 @machines_cmd.command("remove")
 @click.argument("name")
 @repo_option

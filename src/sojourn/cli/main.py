@@ -39,6 +39,7 @@ def _register() -> None:
     cli.add_command(capsule_cmds.inspect_cmd)
     cli.add_command(capsule_cmds.verify_cmd)
     cli.add_command(capsule_cmds.source_cmd)
+    cli.add_command(capsule_cmds.env_cmd)
     from sojourn.cli import machine_cmds
 
     cli.add_command(machine_cmds.machines_cmd)

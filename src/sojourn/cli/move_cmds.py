@@ -26,9 +26,11 @@ def _say(message: str) -> None:
               help="Seconds the source waits for the destination's restore (default: from the capsule's size).")
 @click.option("--max-duration", default=None,
               help="Hard stop of the destination, e.g. 2h, 90m (default: the machine's max_duration).")
+@click.option("--build-env", is_flag=True,
+              help="Build the capsule's environment (uv, cached) for the destination interpreter if it lacks it.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for programs.")
 def move_cmd(workspace: str, to: str, repo: str | None, deadline: float, timeout: float | None,
-             max_duration: str | None, as_json: bool) -> None:
+             max_duration: str | None, build_env: bool, as_json: bool) -> None:
     """Move a running WORKSPACE to another machine, live: it keeps running here until the
     destination has restored and checked its capsule, then carries on there.
 
@@ -43,7 +45,7 @@ def move_cmd(workspace: str, to: str, repo: str | None, deadline: float, timeout
                  f"{info['machine']}{where}")
 
     res = move(workspace, to, repo=repo, deadline=deadline, timeout=timeout, max_duration=max_duration,
-               on_progress=progress)
+               on_progress=progress, build_env=build_env)
     if as_json:
         emit_json(res.to_json())
     elif res.moved:

@@ -144,8 +144,12 @@ def run_cmd(repo: str | None, name: str | None, python: str | None, memory: str 
               help="Interpreter for the session (default: the one the workspace last ran with).")
 @click.option("--memory", default=None, help="Memory limit of the session, e.g. 512MiB or 4G (default: none).")
 @_machine_options
+@click.option("--build-env", is_flag=True,
+              help="Build the capsule's environment (uv, cached) for the interpreter if it lacks it.")
+@click.option("--env-mode", type=click.Choice(["exact", "compatible"]), default="exact", show_default=True,
+              help="With --build-env: the recorded versions, or the same major versions.")
 def resume_cmd(workspace: str, repo: str | None, python: str | None, memory: str | None, on: str | None,
-               max_duration: str | None, detach: bool) -> None:
+               max_duration: str | None, detach: bool, build_env: bool, env_mode: str) -> None:
     """Carry WORKSPACE on from its last capsule, in a new process, in the foreground (a
     workspace that last ran on a machine goes back to it unless --on says another)."""
     def started(start: Any) -> None:
@@ -153,7 +157,7 @@ def resume_cmd(workspace: str, repo: str | None, python: str | None, memory: str
         policy_cmds.keep_watching(start.workspace, repo)
 
     result = ops.resume(workspace, repo=repo, python=python, memory=memory, on_output=_echo, on_start=started,
-                        on=on, max_duration=max_duration, detach=detach)
+                        on=on, max_duration=max_duration, detach=detach, build_env=build_env, env_mode=env_mode)
     if isinstance(result, ops.DetachedSession):
         policy_cmds.keep_watching(result.workspace, repo)
         _detached(result)

@@ -157,7 +157,9 @@ def write_capsule(rt: Runtime, pos: Position, config: PauseConfig, req: _Request
     t0 = time.perf_counter()
     set_capture(pos, labels[LABEL]["frames"])
     try:
-        with open_repository(config.repo, create=True) as repo:
+        # Created only when there was none at the start (a first capture through the API); a
+        # repository that was there and vanished or was replaced is refused (RepositoryChanged).
+        with open_repository(config.repo, create=config.repo_id is None, expect_id=config.repo_id) as repo:
             if low_memory:
                 # After an out-of-memory error: each writer thread costs a stack, and a
                 # failed thread start would lose the capsule; two keep a disk busy enough.
@@ -192,6 +194,34 @@ def _scan_roots(rt: Runtime, pos: Position) -> tuple[dict[str, Any], Any]:
     first, label = path_names(rt, pos)
     ns = {**{k: v for k, v in rt.main.namespace.items() if isinstance(k, str) and not _skipped(k)}, **first}
     return ns, label
+
+
+_REHEARSING = threading.Event()  # one child at a time: a short scan interval must not pile them up
+
+
+def rehearse_in_background(rt: Runtime, pos: Position, warn: Callable[[list[Problem]], None],
+                           log: Callable[[str], None]) -> None:
+    """Rehearse the write check of a pause here (fork now, at this statement boundary); a
+    thread waits for the child and calls ``warn`` with what it found."""
+    if _REHEARSING.is_set():
+        return
+    wait = rehearse_state(rt, pos)
+    if wait is None:
+        return
+    _REHEARSING.set()
+
+    def waiter() -> None:
+        try:
+            problems = wait()
+        except Exception as e:
+            log(f"the rehearsal of the write check failed: {type(e).__name__}: {e}")
+            return
+        finally:
+            _REHEARSING.clear()
+        if problems:
+            warn(problems)
+
+    threading.Thread(target=waiter, name="sojourn-rehearse", daemon=True).start()
 
 
 def rehearse_state(rt: Runtime, pos: Position) -> Callable[[], list[Problem]] | None:

@@ -14,13 +14,16 @@ loaded), before the program carries on.
 What counts as "pure" is a list (:data:`KNOWN`), not a guess: a library generator that
 reads a file, a clock or a random source would come back different, and stays refused.
 The rebuilt generator sees the objects as they are at the pause: a loop that changed what
-it iterates over (added a module, edited rows it has not reached) before the pause would
-see those changes again from the start. pandas' ``iterrows`` reads rows from the frame as
-it goes in both cases.
+it iterates over (added a submodule) before the pause would see those changes. pandas'
+``iterrows``, ``DataFrame.items`` and groupby iteration iterate the frame's values as they
+were when the loop started; they are made again over a shallow copy taken then (free under
+copy-on-write until either is written), so rows the loop edited ahead of the pause come back
+as they were.
 """
 
 from __future__ import annotations
 
+import copy
 import inspect
 import itertools
 import sys
@@ -42,6 +45,13 @@ KNOWN: set[tuple[str, str]] = {
     ("pandas.core.frame", "DataFrame.items"),
 }
 GROUPBY = "pandas.core.groupby.groupby.BaseGroupBy"
+# Generators over a frame's values as they were when iteration started.
+SNAPSHOT = {("pandas.core.frame", "DataFrame.iterrows"), ("pandas.core.frame", "DataFrame.items")}
+
+
+def _function_key(g: types.GeneratorType) -> tuple[Any, str]:
+    frame = g.gi_frame
+    return (frame.f_globals.get("__name__") if frame is not None else None, g.gi_code.co_qualname)
 
 _PENDING: weakref.WeakSet[LibIter] = weakref.WeakSet()
 # A library generator a LibIter wraps -> that LibIter: the program may hold the generator
@@ -233,14 +243,29 @@ def _generator_hook(g: Any) -> Iterator[Any]:
     if inspect.getgeneratorstate(g) == inspect.GEN_CREATED:
         fn = _function(g)
         if fn is not None:
-            it = LibIter(g, _call_of(g, fn))
+            call = _call_of(g, fn)
+            if _function_key(g) in SNAPSHOT:
+                # The frame as the loop starts: pandas iterates a snapshot of it (its values),
+                # so a rebuild must too, not the frame the loop may have written to since.
+                # A shallow copy costs nothing until one of the two is written (copy-on-write).
+                call = (call[0], (call[1][0].copy(deep=False), *call[1][1:]), call[2])
+            it = LibIter(g, call)
             _wrap(g, it)
             return it
     return g  # type: ignore[no-any-return]
 
 
 def _groupby_hook(gb: Any) -> Iterator[Any]:
-    return LibIter(iter(gb), (iter, (gb,), {}))
+    # pandas iterates a sorted copy of the frame made at the first item: a rebuild iterates
+    # the frame as the loop started too (a shallow copy, free until written), not as the
+    # loop may have edited it since. The groups' keys were computed when gb was made.
+    snap = gb
+    obj = getattr(gb, "obj", None)
+    if obj is not None and hasattr(obj, "copy") and "obj" in vars(gb):
+        snap = copy.copy(gb)
+        vars(snap).pop("_cache", None)  # cached selections of the original frame
+        snap.obj = obj.copy(deep=False)
+    return LibIter(iter(gb), (iter, (snap,), {}))
 
 
 _installed = False

@@ -99,6 +99,9 @@ class _Request:
 @dataclass
 class PauseConfig:
     repo: Any = None
+    # The id of the repository at ``repo`` when the program started (runner._config): a pause
+    # writes into that repository only, never into a new one where it used to be.
+    repo_id: str | None = None
     files: str | None = None
     parent: str | None = None
     labels: dict[str, Any] = field(default_factory=dict)
@@ -483,24 +486,8 @@ class PauseController:
             self._warn_scan(problems)
             return
         # What the write check would refuse: rehearsed in a forked child while the program
-        # runs on; a thread waits for its answer.
-        if getattr(self, "_rehearsing", False):
-            return  # one child at a time: a short scan interval must not pile them up
-        wait = cap.rehearse_state(self.rt, pos)
-        if wait is not None:
-            self._rehearsing = True
-            threading.Thread(target=self._rehearsed, args=(wait,), name="sojourn-rehearse", daemon=True).start()
-
-    def _rehearsed(self, wait: Any) -> None:
-        try:
-            problems = wait()
-        except Exception as e:
-            self._log(f"the rehearsal of the write check failed: {type(e).__name__}: {e}")
-            return
-        finally:
-            self._rehearsing = False
-        if problems:
-            self._warn_scan(problems)
+        # runs on (checkpoint.py).
+        cap.rehearse_in_background(self.rt, pos, self._warn_scan, self._log)
 
     def _warn_scan(self, problems: Any) -> None:
         self._log("warning: a pause now would be refused:\n" + "\n".join(f"  - {p}" for p in problems))

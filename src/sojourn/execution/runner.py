@@ -81,14 +81,28 @@ def _prepare(script: Path, argv: Sequence[str]) -> types.ModuleType:
     return _new_main(script)
 
 
+def _repository_id(repo: Any) -> str | None:
+    """The id of the repository the program will pause into, if there is one now (None: the
+    first pause creates it; one that cannot be opened now is opened, and its faults said, at
+    the pause, as before, and a pinned URL keeps its id there: repository.repo.pin)."""
+    from sojourn.errors import RepositoryError
+    from sojourn.repository.repo import open_repository
+
+    try:
+        with open_repository(repo) as r:
+            return r.id
+    except RepositoryError:
+        return None
+
+
 def _config(repo: Any, on_capsule: Callable[[pause.PauseEvent], None] | None,
             on_refusal: Callable[[pause.PauseRefusal], None] | None, parent: str | None,
             files: str | None, labels: dict[str, Any] | None, signals: dict[int, tuple[str, float | None, str]] | None,
             scan_interval: float | None, on_oom: Callable[[BaseException], None] | None,
             verify: Callable[[str, float | None], str | None] | None = None) -> pause.PauseConfig:
-    cfg = pause.PauseConfig(repo=repo, files=files, parent=parent, labels=dict(labels or {}),
-                            on_capsule=on_capsule, on_refusal=on_refusal, scan_interval=scan_interval,
-                            on_oom=on_oom, verify=verify)
+    cfg = pause.PauseConfig(repo=repo, repo_id=_repository_id(repo), files=files, parent=parent,
+                            labels=dict(labels or {}), on_capsule=on_capsule, on_refusal=on_refusal,
+                            scan_interval=scan_interval, on_oom=on_oom, verify=verify)
     if signals is not None:
         cfg.signals = dict(signals)
     return cfg
@@ -249,7 +263,9 @@ def resume(
     import time
 
     from sojourn.capsule import format as fmt
+    from sojourn.capsule.environment import refuse_missing
     from sojourn.capsule.restore import restore_capsule
+    from sojourn.errors import MissingLibraryError
     from sojourn.execution.reducers import prime_rebuilt
     from sojourn.execution.resumeform import imports_code, module_resume_code
     from sojourn.execution.transform import REC
@@ -266,6 +282,12 @@ def resume(
             raise ResumeError(f"capsule {manifest.id} was written by another version of sojourn's "
                               f"execution engine (format {info.get('version')}, transform "
                               f"{info.get('transform')}); resume it with that version")
+        # Before the program's imports run again: a missing library is named in one line (as a
+        # ResumeError, which the session reports as such), not a traceback.
+        try:
+            refuse_missing(manifest)
+        except MissingLibraryError as e:
+            raise ResumeError(str(e)) from None
         script = _find_script(info)
         changes = _check_sources(manifest.id, info, script)
         RUNTIME.remaps = {c.module: c.remap for c in changes}

@@ -195,4 +195,4 @@ def _bad_outputs(outputs: dict[int, Any], err: CaptureError) -> list[int]:
         return []
     from sojourn import ops
 
-    return [k for k, v in outputs.items() if ops.scan({"o": v})]
+    return [k for k, v in outputs.items() if ops.scan({"o": v}, rehearse=False)]  # refusals only

@@ -20,7 +20,7 @@ from sojourn.ops.capsules import (
     write_sources,
 )
 from sojourn.ops.history import checkpoint, fork, gc, history
-from sojourn.ops.machines import MachineInfo, machines, remove_machine, set_machine
+from sojourn.ops.machines import MachineInfo, machines, remove_machine, set_machine, sign_machines
 from sojourn.ops.repository import RepositoryInfo, init_repository
 from sojourn.ops.workspaces import (
     DetachedSession,
@@ -65,6 +65,7 @@ __all__ = [
     "scan",
     "set_machine",
     "show",
+    "sign_machines",
     "sources",
     "suspend",
     "verify",

@@ -138,10 +138,12 @@ def restore(
         return restore_capsule(r, capsule_id, files_to=files_to, device_policy=device_policy, into=into)
 
 
-def scan(namespace: dict[str, Any]) -> list[Problem]:
+def scan(namespace: dict[str, Any], *, rehearse: bool = True) -> list[Problem]:
+    """What in ``namespace`` cannot travel, and (``rehearse``) what a capsule's write check
+    would refuse (rehearsed in a forked child); writes nothing."""
     from sojourn.capsule.scan import scan as _scan
 
-    return _scan(namespace)
+    return _scan(namespace, rehearse=rehearse)
 
 
 def inspect(capsule_id: str, repo: PathLike | None = None) -> CapsuleInfo:
@@ -175,6 +177,7 @@ def verify(
     *,
     python: str | None = None,
     timeout: float = 600.0,
+    build_env: bool = False,
 ) -> VerifyReport:
     """Restore the capsule in a fresh interpreter and compare every fingerprint there.
 
@@ -193,6 +196,12 @@ def verify(
         manifest = fmt.load_manifest(r, cap)
         url = r.url
         program = isinstance(manifest.labels.get(LABEL), dict)
+        if python is not None or build_env:
+            # An interpreter too old, without sojourn's own modules or without the capsule's
+            # libraries is named here in one line (or given an environment: ``build_env``).
+            from sojourn.ops.environment import prepare_python
+
+            python = prepare_python(r, cap, python, build_env=build_env)
         t0 = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="sojourn-verify-") as tmp:
             if program:

@@ -42,9 +42,9 @@ class MachineInfo:
 
 
 def _info(m: Machine, configured: bool) -> MachineInfo:
-    from sojourn.providers.machines import resolve_python
+    from sojourn.providers.machines import machine_interpreter
 
-    interp = resolve_python(m.python)
+    interp = machine_interpreter(m)
     return MachineInfo(m.name, m.provider, m.cpus, m.memory, m.python, interp.path, interp.version, interp.error,
                        m.price_per_hour, m.max_duration, configured)
 
@@ -64,6 +64,18 @@ def machines(repo: PathLike | None = None) -> list[MachineInfo]:
 
 def _optional(value: Any, parse: Any) -> Any:
     return None if isinstance(value, str) and value.strip().lower() == UNSET else parse(value)
+
+
+def _say_dropped(names: list[str]) -> None:
+    if names:
+        import warnings
+
+        from sojourn.errors import SojournWarning
+
+        warnings.warn(SojournWarning(
+            f"machines.toml was not signed with the repository key, so the interpreter of {', '.join(names)} was left "
+            "out of the signed config; set it again with `sojourn machines set NAME --python PATH` if it is yours"),
+            stacklevel=3)
 
 
 def set_machine(
@@ -110,9 +122,24 @@ def set_machine(
             m.price_per_hour = float(price_per_hour)
         if max_duration is not None:
             m.max_duration = _optional(max_duration, parse_duration)
+        if python is not None:
+            m.trusted = True  # its interpreter is the one the owner (who holds the key) gave just now
         found[name] = m
-        save_machines(r, found)
+        _say_dropped(save_machines(r, found))
     return _info(m, True)
+
+
+def sign_machines(*, repo: PathLike | None = None) -> str:
+    """Sign the repository's machines config as it is (after a hand edit the owner checked);
+    returns the text signed."""
+    from sojourn.providers.machines import MachineError
+    from sojourn.providers.machines import sign_machines as _sign
+
+    with open_repository(repo) as r:
+        try:
+            return _sign(r)
+        except ValueError as e:  # tomllib.TOMLDecodeError
+            raise MachineError(f"machines.toml is not valid TOML ({e}); fix it before signing") from None
 
 
 def remove_machine(name: str, *, repo: PathLike | None = None) -> None:
@@ -122,7 +149,7 @@ def remove_machine(name: str, *, repo: PathLike | None = None) -> None:
         get_machine(r, name)  # a clear error for an unknown name
         found = load_machines(r)
         del found[name]
-        save_machines(r, found)
+        _say_dropped(save_machines(r, found))
 
 
 def machine_for(r: Repository, name: str, max_duration: float | None = None) -> tuple[MachineSpec, Offer]:

@@ -77,7 +77,9 @@ def _target(store: WorkspaceStore, to: str, rec: Any, max_duration: float | None
     on_machine = current is not None and current.scratch is not None
     python: str | None = None
     if to == "local":
-        python = None if on_machine else (current.python if current else sys.executable)
+        from sojourn.workspace.capsules import record_python
+
+        python = None if on_machine else record_python(rec, current)
     elif os.sep in to or to.startswith("python"):
         from shutil import which
 
@@ -132,7 +134,8 @@ def _launch(store: WorkspaceStore, ws: str, al: str, source: str, target: Target
 
 def move(workspace: str, to: str, *, repo: PathLike | None = None, deadline: float = 600.0,
          timeout: float | None = None, wait: float | None = None, max_duration: str | float | None = None,
-         on_progress: Callable[[str, dict[str, Any]], None] | None = None) -> MoveResult:
+         on_progress: Callable[[str, dict[str, Any]], None] | None = None, build_env: bool = False,
+         env_mode: str = "exact") -> MoveResult:
     """Move a running workspace, live, to ``to``. Returns once the destination runs the program,
     or once the move failed (the program then keeps running where it was). ``deadline``:
     seconds the program may take to reach a statement where it can pause; ``timeout``: seconds
@@ -160,6 +163,17 @@ def move(workspace: str, to: str, *, repo: PathLike | None = None, deadline: flo
             raise WorkspaceError(f"workspace {ws} is serving a {rec.pending.get('kind')} request already; "
                                  "try again once it is done")
         target = _target(store, to, rec, parse_duration(max_duration))
+        if target.machine.provider == "local" and (build_env or target.machine.python != sys.executable):
+            # The destination interpreter is checked against (or given) the environment of the
+            # workspace's last capsule (sojourn's own alone before the first) before anything
+            # is launched; the move's own capsule is checked by the destination's restore.
+            from dataclasses import replace
+
+            from sojourn.ops.environment import prepare_python
+
+            last = rec.last_capsule.id if rec.last_capsule is not None else None
+            py = prepare_python(store.repo, last, target.machine.python, build_env=build_env, mode=env_mode)
+            target = replace(target, machine=replace(target.machine, python=py))
         m = target.machine
         move_id, al = R.new_id("mv"), R.new_id("al")
         preload = sorted({_PRELOAD[d] for d in (rec.requirements.get("packages") or {}) if d in _PRELOAD})
@@ -219,6 +233,7 @@ def _wait(store: WorkspaceStore, ws: str, rec: Any, move: str, source: str, dest
     t0 = time.monotonic()
     dead_since: float | None = None
     asked = False  # the destination asked the source to pause
+    source_moved: tuple[dict[str, Any], float] | None = None  # the source's `moved` stop, seen before the commit
     while True:
         for ev in store.events(ws, cursor + 1):
             cursor = int(ev["seq"])
@@ -240,11 +255,18 @@ def _wait(store: WorkspaceStore, ws: str, rec: Any, move: str, source: str, dest
             elif kind == "stopped" and ev.get("allocation") == source and committed is None and int(
                     ev.get("epoch", 0)) >= epoch:
                 if ev.get("reason") == "moved":
-                    return {"moved": False, "capsule": ev.get("capsule"),
-                            "message": f"the destination won the workspace but did not record it (it died?); the "
-                                       f"workspace is suspended on capsule {ev.get('capsule')}: `sojourn resume {ws}`"}
+                    # The source records its side once it sees the destination's epoch; the
+                    # destination's own event may land just after it: wait a little for it.
+                    source_moved = source_moved or (ev, time.monotonic())
+                    continue
                 return {"moved": False, "message": f"not moved: the source stopped first ({ev.get('reason')}: "
                                                    f"{ev.get('detail')}); the workspace is {ev.get('state')}"}
+        if committed is None and source_moved is not None and (time.monotonic() - source_moved[1] > 5.0
+                                                               or not running()):
+            ev = source_moved[0]
+            return {"moved": False, "capsule": ev.get("capsule"),
+                    "message": f"the destination won the workspace but did not record it (it died?); the "
+                               f"workspace is suspended on capsule {ev.get('capsule')}: `sojourn resume {ws}`"}
         if committed is not None and (time.monotonic() - t_commit > 3.0 or not running()):
             ok = running()
             return {"moved": ok, "capsule": committed.get("capsule", {}).get("id"), "paused_ms": None,

@@ -5,7 +5,8 @@ cheap as it was."""
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field
+import sys
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from sojourn.repository.repo import open_repository
@@ -133,11 +134,16 @@ def resume(
     on: str | None = None,
     max_duration: str | float | None = None,
     detach: bool = False,
+    build_env: bool = False,
+    env_mode: str = "exact",
 ) -> SessionResult | DetachedSession:
     """Carry a suspended workspace on from its last good capsule in a new session process.
 
     ``on``: a machine (see :func:`run`); without it, a workspace that last ran on a machine of
-    the config goes back to that machine, and any other resumes where it ran."""
+    the config goes back to that machine, and any other resumes where it ran.
+    ``build_env``: an interpreter without the capsule's libraries gets an environment built
+    for it first (uv, cached by the environment's hash; docs/environment.md); without it,
+    such an interpreter is refused naming what is missing, before the session starts."""
     from sojourn.workspace import sessions
     from sojourn.workspace.machine import parse_duration
 
@@ -152,10 +158,27 @@ def resume(
             machine, offer = found
             return _launch(store, onmachine.prepare_resume(store, workspace, machine=machine), offer)
         spec = found[0] if found is not None else None
+        if spec is not None and spec.python and (build_env or spec.python != sys.executable):
+            spec = replace(spec, python=_environment(store, workspace, spec.python, build_env, env_mode) or spec.python)
+        elif spec is None and (python is not None or build_env):
+            python = _environment(store, workspace, python, build_env, env_mode)
         return sessions.resume(store, workspace, python=python, cwd=os.fspath(cwd) if cwd is not None else None,
                                memory=sessions.parse_size(memory), on_output=on_output,
                                on_start=_checked(store, found, on_start),
                                scan_interval=scan_interval, machine=spec, max_duration=limit)
+
+
+def _environment(store: WorkspaceStore, workspace: str, python: str | None, build_env: bool, mode: str) -> str | None:
+    """The interpreter a resume runs with, checked against the last capsule's needs (or built
+    for them): the one place a resume meets sojourn.environment."""
+    from sojourn.ops.environment import prepare_python
+    from sojourn.workspace.sessions import _default_python
+
+    rec = store.record(store.resolve(workspace), save=False)
+    if rec.last_capsule is None:
+        return python
+    target = python if python is not None else _default_python(rec)
+    return prepare_python(store.repo, rec.last_capsule.id, target, build_env=build_env, mode=mode)
 
 
 @dataclass

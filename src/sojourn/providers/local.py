@@ -30,7 +30,7 @@ from sojourn.providers.base import (
     Status,
     cheapest_first,
 )
-from sojourn.providers.machines import Machine, get_machine, load_machines, resolve_python
+from sojourn.providers.machines import Machine, get_machine, load_machines, machine_interpreter
 from sojourn.repository.repo import Repository
 from sojourn.workspace.capsules import child_env
 from sojourn.workspace.liveness import boot_id, hostname, process_start
@@ -70,7 +70,7 @@ class LocalProvider:
     # -- offers --------------------------------------------------------------------------------
 
     def offer_of(self, m: Machine) -> Offer:
-        interp = resolve_python(m.python)
+        interp = machine_interpreter(m)
         host_mem = total_memory()
         memory = m.memory if m.memory is not None else host_mem
         cpus = min(m.cpus, usable_cpus()) if m.cpus else usable_cpus()

@@ -32,7 +32,7 @@ import shutil
 import subprocess
 import sys
 import tomllib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from sojourn.errors import ObjectNotFound, SojournError
@@ -40,6 +40,7 @@ from sojourn.providers.base import ProviderError
 from sojourn.repository.repo import Repository
 from sojourn.workspace.machine import MachineSpec, format_duration, parse_duration
 from sojourn.workspace.sessions import parse_size
+from sojourn.workspace.signing import SIGNATURE_LINE, RecordKey, config_signed, sign_config
 
 CONFIG_KIND = "config"
 CONFIG_NAME = "machines.toml"
@@ -63,9 +64,15 @@ class Machine:
     python: str | None = None  # a command or a path; None: this interpreter
     price_per_hour: float = 0.0
     max_duration: float | None = None  # seconds
+    # Whether the config it came from is signed with the repository key: an unsigned one
+    # (edited by hand, by an older sojourn, or by someone without the key) names no
+    # interpreter that sojourn runs (docs/threat-model.md).
+    trusted: bool = field(default=True, compare=False)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        d.pop("trusted")
+        return d
 
 
 @dataclass
@@ -165,23 +172,52 @@ def default_machines() -> dict[str, Machine]:
 
 
 def load_machines(repo: Repository) -> dict[str, Machine]:
-    """The configured machines; without a config, the default ``local`` one."""
+    """The configured machines; without a config, the default ``local`` one. Machines of a
+    config that is not signed with the repository key are marked untrusted."""
     try:
         raw = repo.backend.load(CONFIG_KIND, CONFIG_NAME)
     except ObjectNotFound:
         return default_machines()
-    return parse_config(raw.decode("utf-8", errors="replace"))
+    text = raw.decode("utf-8", errors="replace")
+    found = parse_config(text)
+    if not config_signed(RecordKey(repo.key, repo.id), CONFIG_NAME, text):
+        for m in found.values():
+            m.trusted = False
+    return found
 
 
 def has_config(repo: Repository) -> bool:
     return repo.backend.stat(CONFIG_KIND, CONFIG_NAME) is not None
 
 
-def save_machines(repo: Repository, machines: dict[str, Machine]) -> None:
-    text = render_config(machines)
+def save_machines(repo: Repository, machines: dict[str, Machine]) -> list[str]:
+    """Write the config, signed with the repository key. The interpreter of a machine read
+    from an unsigned config is left out (signing it would vouch for what someone without the
+    key may have written): the names of those machines are returned, to be said."""
+    dropped = [n for n, m in sorted(machines.items()) if not m.trusted and m.python is not None]
+    clean = {n: (Machine(**{**m.to_json(), "python": None}) if n in dropped else m) for n, m in machines.items()}
+    text = sign_config(RecordKey(repo.key, repo.id), CONFIG_NAME, render_config(clean))
     parse_config(text)  # what we write must read back
     repo.backend.save(CONFIG_KIND, CONFIG_NAME, text.encode())
     repo.backend.flush()
+    return dropped
+
+
+def sign_machines(repo: Repository) -> str:
+    """Sign the config as it is now (after the owner checked a hand edit): every table is kept
+    verbatim, an old signature line is replaced. Returns the text signed."""
+    try:
+        text = bytes(repo.backend.load(CONFIG_KIND, CONFIG_NAME)).decode("utf-8")
+    except ObjectNotFound:
+        raise MachineError(f"{repo.url} has no {CONFIG_NAME} to sign") from None
+    lines = text.rstrip("\n").split("\n")
+    if lines and lines[-1].startswith(SIGNATURE_LINE):
+        lines.pop()
+    body = "\n".join(lines) + "\n"
+    tomllib.loads(body)  # what we sign must read (TOMLDecodeError otherwise)
+    repo.backend.save(CONFIG_KIND, CONFIG_NAME, sign_config(RecordKey(repo.key, repo.id), CONFIG_NAME, body).encode())
+    repo.backend.flush()
+    return body
 
 
 def get_machine(repo: Repository, name: str) -> Machine:
@@ -216,10 +252,21 @@ def resolve_python(python: str | None) -> Interpreter:
     return Interpreter(path, out.stdout.strip())
 
 
+def machine_interpreter(m: Machine) -> Interpreter:
+    """:func:`resolve_python` of the machine's interpreter, unless the config that names it is
+    not signed: then it is neither run nor used (it may be anyone's script)."""
+    if not m.trusted and m.python is not None:
+        return Interpreter(None, None, (
+            f"the interpreter {m.python!r} comes from the repository's {CONFIG_NAME}, which is not signed with the "
+            "repository key (edited by hand, written by an older sojourn, or by someone without the key): it was not "
+            "run. Check it, then `sojourn machines set NAME --python PATH` signs the config"))
+    return resolve_python(m.python)
+
+
 def machine_spec(m: Machine, *, max_duration: float | None = None, offer: dict[str, Any] | None = None) -> MachineSpec:
     """What the workspace layer needs to run a session on ``m`` (its Python resolved);
     ``max_duration`` overrides the machine's default hard stop."""
-    interp = resolve_python(m.python)
+    interp = machine_interpreter(m)
     if interp.path is None or interp.error:
         raise MachineError(f"machine {m.name!r}: {interp.error}; fix it with `sojourn machines set {m.name} "
                            "--python PATH`")

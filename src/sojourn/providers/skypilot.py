@@ -43,7 +43,13 @@ from sojourn.providers.base import (
 from sojourn.providers.slurm import provider_config
 
 CLOUDS = ("aws", "gcp", "azure", "lambda", "runpod")
-DEFAULT_SETUP = "python3 -m pip install --quiet --user 'sojourn[numpy]'"
+DEFAULT_SOJOURN = "sojourn[numpy]"  # the requirement that installs sojourn on a VM (config: sojourn)
+_ENV_ROOT = "$HOME/.cache/sojourn/envs"
+_ENV_HOME = "/__sojourn_home__"  # stands for $HOME in the run line until it is quoted
+
+
+def _is_python(arg: str) -> bool:
+    return re.fullmatch(r"python[0-9.]*", arg.rsplit("/", 1)[-1]) is not None
 DEFAULT_IDLE_MINUTES = 5
 
 
@@ -106,18 +112,47 @@ class SkyPilotProvider:
         cloud = offer.extra.get("cloud") or offer.name.split(":", 1)[0]
         instance_type = offer.extra.get("instance_type") or offer.name.split(":", 1)[-1].split("@")[0]
         argv = list(spec.argv)
+        setup = self.config.get("setup")
+        if setup is None:
+            # The environment the workspace's last capsule needs, built on the VM by uv (the
+            # same requirements and key as `sojourn resume --build-env`), and the run uses it.
+            setup, env_python = self._environment(spec)
+            if argv and _is_python(argv[0]):
+                argv[0] = env_python
         if spec.hard_stop:
             argv = ["timeout", "-s", "TERM", "-k", f"{int(self.terminate_grace)}s", f"{math.ceil(spec.hard_stop)}s",
                     *argv]
-        run = shlex.join(argv)
+        run = shlex.join(argv).replace(shlex.quote(_ENV_HOME), '"$HOME"')
         if spec.cwd:
             run = f"mkdir -p {shlex.quote(spec.cwd)} && cd {shlex.quote(spec.cwd)} && exec {run}"
         else:
             run = f"exec {run}"
-        task = sky.Task(name=f"sojourn-{spec.workspace}", setup=self.config.get("setup", DEFAULT_SETUP), run=run,
+        task = sky.Task(name=f"sojourn-{spec.workspace}", setup=setup, run=run,
                         envs={**spec.env, "SOJOURN_ALLOCATION": spec.allocation})
         task.set_resources(_resources(sky, cloud, offer.region, instance_type, bool(offer.spot)))
         return task
+
+    def _environment(self, spec: LaunchSpec) -> tuple[str, str]:
+        """The setup script that builds what the workspace's last capsule needs (nothing but
+        sojourn for a first run) on the recorded Python version, and its interpreter."""
+        from sojourn.environment.build import setup_script
+
+        packages: dict[str, Any] = {}
+        python = self.config.get("python") or ""
+        try:
+            from sojourn.capsule import format as fmt
+            from sojourn.workspace.store import WorkspaceStore
+
+            rec = WorkspaceStore(self.repo).record(spec.workspace, save=False)
+            if rec.last_capsule is not None:
+                m = fmt.load_manifest(self.repo, rec.last_capsule.id)
+                packages = m.packages
+                python = python or ".".join(m.environment.get("python", "").split(".")[:2])
+        except Exception:
+            pass  # no repository or no capsule yet: the run's own environment is sojourn's
+        script, env_python = setup_script(packages, python or "3.12", mode=self.config.get("env_mode", "exact"),
+                                          sojourn=self.config.get("sojourn", DEFAULT_SOJOURN), root=_ENV_ROOT)
+        return script, env_python.replace("$HOME", _ENV_HOME)
 
     def launch(self, offer: Offer, spec: LaunchSpec) -> Handle:
         if offer.provider != self.name:

@@ -400,4 +400,14 @@ def provider_config(repo: Any, table: str) -> dict[str, Any]:
     found = doc.get(table, {})
     if not isinstance(found, dict):
         raise ProviderError(f"machines.toml: [{table}] must be a table")
+    if found and hasattr(repo, "key"):
+        from sojourn.workspace.signing import RecordKey, config_signed
+
+        # Its interpreters, hosts and sbatch options decide what runs where: only a config
+        # the repository key signed is used (docs/records-format.md, "machines.toml").
+        if not config_signed(RecordKey(repo.key, repo.id), "machines.toml", raw.decode()):
+            raise ProviderError(
+                f"machines.toml: [{table}] is in a config not signed with the repository key (edited by hand, written "
+                "by an older sojourn, or by someone without the key), so it was not used. Check the file, then "
+                "`sojourn machines sign` signs it")
     return found

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import blake3
-import zstandard
 
 from sojourn.errors import IntegrityError, ObjectNotFound
+from sojourn.repository import zstd
 from sojourn.repository.backend import Backend
 
 DEFAULT_CHUNK_SIZE = 4 << 20
@@ -49,28 +49,6 @@ def default_workers() -> int:
     # idle between fsyncs, 8-16 kept it busy (measured on 2 cores), and an object store
     # wants more requests in flight still (the S3 backend keeps 32 connections).
     return min(32, max(16, 4 * (os.cpu_count() or 2)))
-
-
-_codecs = threading.local()
-
-
-def _compressor(level: int = REMOTE_ZSTD_LEVEL) -> zstandard.ZstdCompressor:
-    # A compression context allocates several MiB; reuse one per thread and level (they are
-    # not thread-safe, and zstandard releases the GIL while compressing).
-    cs: dict[int, zstandard.ZstdCompressor] | None = getattr(_codecs, "compressors", None)
-    if cs is None:
-        cs = _codecs.compressors = {}
-    c = cs.get(level)
-    if c is None:
-        c = cs[level] = zstandard.ZstdCompressor(level=level)
-    return c
-
-
-def _decompressor() -> zstandard.ZstdDecompressor:
-    d = getattr(_codecs, "decompressor", None)
-    if d is None:
-        d = _codecs.decompressor = zstandard.ZstdDecompressor()
-    return d
 
 
 @dataclass
@@ -153,7 +131,7 @@ def _compressible(data: memoryview, below: float, level: int = REMOTE_ZSTD_LEVEL
         return len(data) > 64
     step = max(1, len(data) // 4)
     sample = b"".join(bytes(data[i : i + _SAMPLE // 4]) for i in range(0, len(data), step))[:_SAMPLE]
-    return len(_compressor(level).compress(sample)) < below * len(sample)
+    return len(zstd.compress(sample, level)) < below * len(sample)
 
 
 @dataclass
@@ -269,7 +247,7 @@ class ChunkStore:
             return
         payload: bytes | memoryview = piece
         if rec.codec == "zstd":
-            payload = _compressor(self.compress_level).compress(piece)
+            payload = zstd.compress(piece, self.compress_level)
         self.backend.save("chunks", name, payload)
         self._known.add(name)
         stats.add(written=len(payload), new=1)
@@ -309,8 +287,8 @@ class ChunkStore:
             if codec == "zstd":
                 blob = self.backend.load("chunks", name)
                 try:
-                    plain = _decompressor().decompress(blob, max_output_size=len(out))
-                except zstandard.ZstdError as e:
+                    plain = zstd.decompress(blob, len(out))
+                except zstd.ZstdError as e:
                     raise IntegrityError(f"chunk {name[:16]}… is corrupt: it does not decompress ({e})") from None
                 if len(plain) != len(out):
                     raise IntegrityError(f"chunk {name[:16]}… is corrupt: wrong size after decompression")

@@ -82,7 +82,7 @@ def backend_for(url: str) -> Backend:
 
 
 class Repository:
-    """An open repository. The chunk store (zstandard, blake3, a thread pool) is built on first
+    """An open repository. The chunk store (zstd, blake3, a thread pool) is built on first
     use: workspace commands (`ps`, `show`, a supervisor) never touch chunks and start faster.
 
     ``backend`` retries transient faults (``policy``) and, in an encrypted repository, seals
@@ -158,6 +158,47 @@ class Repository:
         self.close()
 
 
+# The repositories this process works in, by URL: once a workspace process (a supervisor, a
+# session, a move's destination) opened a repository, every later opening of the same URL
+# in it, and in the sojourn processes it starts (``PIN_ENV``, set by
+# ``workspace.capsules.child_env``), expects the same id. A repository deleted or unmounted
+# mid-run is then refused rather than silently created again (a new id, a new key) at pause.
+_PINS: dict[str, str] = {}
+PIN_ENV = "SOJOURN_REPOSITORY_IDS"
+
+
+_PIN_MAX = 16  # a process works in one or two; a long test run in many (the environment stays small)
+
+
+def _pin_key(url: str) -> str:
+    return url if "://" in url else os.path.abspath(os.path.expanduser(url))
+
+
+def pin(repo: Repository) -> None:
+    """Expect ``repo``'s id wherever this process (and its sojourn children) opens its URL.
+    (A ``memory://`` repository lives in this process alone, and nothing can unmount it.)"""
+    if repo.url.startswith("memory://"):
+        return
+    key = _pin_key(repo.url)
+    _PINS.pop(key, None)
+    _PINS[key] = repo.id
+    while len(_PINS) > _PIN_MAX:
+        del _PINS[next(iter(_PINS))]
+
+
+def pins() -> dict[str, str]:
+    """URL -> id of every repository this process expects (inherited ones included)."""
+    out: dict[str, str] = {}
+    try:
+        inherited = json.loads(os.environ.get(PIN_ENV) or "{}")
+    except ValueError:
+        inherited = {}
+    if isinstance(inherited, dict):
+        out.update({str(k): str(v) for k, v in inherited.items() if isinstance(v, str) and REPO_ID.fullmatch(v)})
+    out.update(_PINS)
+    return out
+
+
 def default_encrypt(url: str) -> bool:
     """Whether a repository created at ``url`` without saying is encrypted: yes for remote
     ones (their bytes sit with a provider), no for local ones unless ``$SOJOURN_ENCRYPT``."""
@@ -184,9 +225,12 @@ def open_repository(
     opens it without, and with ``expect_id`` the id it started with, so that a location that
     vanished or was replaced is refused rather than taken for another repository.
     ``encrypt`` (for a new repository; None: :func:`default_encrypt`) cannot change an
-    existing one: asking for the other kind is refused.
+    existing one: asking for the other kind is refused. A URL this process works in
+    (:func:`pin`) is opened with the id it was pinned with, whatever ``create`` says.
     """
     url = resolve_url(repo)
+    if expect_id is None:
+        expect_id = pins().get(_pin_key(url))
     raw_backend = backend_for(url)
     policy = policy or RetryPolicy(url)
     from sojourn.repository.guarded import guard

@@ -16,8 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from sojourn.capsule import format as fmt
+from sojourn.workspace import events as E
 from sojourn.workspace import records as R
-from sojourn.workspace.capsules import capsule_facts, verify_capsule
+from sojourn.workspace.capsules import capsule_facts, record_python, verify_capsule
 from sojourn.workspace.errors import AuthorityLost, WorkspaceError
 from sojourn.workspace.liveness import alive, boot_id, gone, hostname, me
 from sojourn.workspace.store import WorkspaceStore
@@ -89,10 +90,7 @@ def reap(store: WorkspaceStore, rec: R.WorkspaceRecord, *, by: str = "sojourn") 
     if a is not None and found is not None:
         store.append(rec.id, epoch, holder, *_recovered(store, rec, a, found, why))
     else:
-        store.append(rec.id, epoch, holder,
-                     {"type": "stopped", "allocation": gone_holder, "reason": "failed", "detail": why,
-                      "exit_code": None, "state": R.state_after_stop("failed", None if ran else cap, ran),
-                      "capsule": cap, "ran": ran})
+        store.append(rec.id, epoch, holder, E.stop(gone_holder, "failed", why, standing=cap, ran=ran))
     return store.record(rec.id)
 
 
@@ -145,7 +143,7 @@ def _recovered(store: WorkspaceStore, rec: R.WorkspaceRecord, a: R.Allocation, m
     supervisor would have."""
     info = m.labels.get(EXECUTION_LABEL)
     info = info if isinstance(info, dict) else {}
-    python = a.python if a.python and os.access(a.python, os.X_OK) else sys.executable
+    python = record_python(rec, a)
     cwd = next((d for d in (a.scratch, rec.command.cwd) if d and os.path.isdir(d)), os.getcwd())
     error = verify_capsule(store.repo.url, m.id, python=python, cwd=cwd)
     entry = R.CapsuleEntry(id=m.id, parent=m.parent, reason=str(info.get("reason", "")), where=str(info.get("where", "")),
@@ -155,16 +153,13 @@ def _recovered(store: WorkspaceStore, rec: R.WorkspaceRecord, a: R.Allocation, m
                                      "distributions": facts.get("distributions"), "arch": facts.get("arch")}]
     said = f"{why}; its supervisor died before recording capsule {m.id}"
     if error is None:
-        reason = "oom" if "memory" in entry.reason.lower() or "oom" in entry.reason.lower() else (
-            "preempted" if entry.reason == "preempted" else "suspended")
+        reason, _ = E.exit_reason(None, None, entry)
         detail = f"{said}, which the reaper checked and recovered: paused ({entry.reason}) at {entry.where}"
-        events.append({"type": "stopped", "allocation": a.id, "reason": reason, "detail": detail, "exit_code": None,
-                       "state": R.state_after_stop(reason, m.id), "capsule": m.id, "ran": True})
+        events.append(E.stop(a.id, reason, detail, produced=m.id).to_json())
         return events
     cap = rec.last_capsule.id if rec.last_capsule else None
-    events.append({"type": "stopped", "allocation": a.id, "reason": "failed", "exit_code": None,
-                   "detail": f"{said}, which the reaper found but which failed its write check: {error}",
-                   "state": R.state_after_stop("failed", None), "capsule": cap, "ran": True})
+    events.append(E.stop(a.id, "failed", f"{said}, which the reaper found but which failed its write check: {error}",
+                         standing=cap).to_json())
     return events
 
 

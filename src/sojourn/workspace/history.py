@@ -16,12 +16,13 @@ from typing import Any
 from sojourn.capsule import format as fmt
 from sojourn.errors import IntegrityError, ObjectNotFound
 from sojourn.repository.locks import capture_lock
+from sojourn.workspace import events as E
 from sojourn.workspace import records as R
 from sojourn.workspace.authority import reap
-from sojourn.workspace.capsules import capsule_facts, verify_capsule
+from sojourn.workspace.capsules import capsule_facts, record_python, verify_capsule
 from sojourn.workspace.errors import WorkspaceError
 from sojourn.workspace.liveness import me
-from sojourn.workspace.store import KIND, WorkspaceStore, event_name
+from sojourn.workspace.store import WorkspaceStore
 
 LABEL = "sojourn.workspace"  # what session.py writes: {workspace, allocation, epoch}
 EXECUTION_LABEL = "sojourn.execution"  # the engine's: reason, where, argv...
@@ -101,13 +102,10 @@ class Inventory:
         return out
 
     def _first_event(self, ws: str) -> dict[str, Any] | None:
-        import json
-
         try:
-            doc = json.loads(self.store.backend.load(KIND, event_name(ws, 1)))
-        except (ObjectNotFound, ValueError):
+            return self.store.event(ws, 1)
+        except WorkspaceError:
             return None
-        return doc if isinstance(doc, dict) else None
 
     # capsules --------------------------------------------------------------------------------
 
@@ -208,9 +206,8 @@ def fork(store: WorkspaceStore, ref: str, *, name: str | None = None, capsule: s
                      {"type": "created", "name": meta["name"], "command": meta["command"], "forked_from": origin},
                      {"type": "capsule", "capsule": asdict(fork_entry), "forked_from": origin,
                       "distributions": facts.get("distributions"), "arch": facts.get("arch")},
-                     {"type": "stopped", "allocation": None, "reason": "suspended", "state": "suspended",
-                      "capsule": entry.id, "exit_code": None, "ran": False,
-                      "detail": f"forked from {rec.name} ({src}) at {entry.id}"})
+                     E.stop(None, "suspended", f"forked from {rec.name} ({src}) at {entry.id}", standing=entry.id,
+                            ran=False))
     store.record(new)
     try:  # a note in the source's log, for `sojourn show`; the fork's own log is the truth
         store.append(src, rec.epoch, "fork", {"type": "note", "message": f"forked into {meta['name']} ({new}) at "
@@ -247,7 +244,7 @@ def _fork_capsule(inv: Inventory, rec: R.WorkspaceRecord, capsule: str | None) -
         raise WorkspaceError(f"capsule {cap} holds a namespace, not a paused program; it cannot be resumed")
     # A checkpoint the program took and carried on from has had no write check yet: run it,
     # so that the fork, like every workspace, stands on a capsule that passed one.
-    python = next((a.python for a in reversed(rec.allocations) if a.python), rec.command.python)
+    python = record_python(rec)
     error = verify_capsule(inv.repo.url, cap, python=python, cwd=rec.command.cwd)
     if error is not None:
         raise WorkspaceError(f"capsule {cap} failed its write check: {error}")

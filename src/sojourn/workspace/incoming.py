@@ -28,6 +28,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from sojourn.errors import SojournError
+from sojourn.workspace import events as E
 from sojourn.workspace import records as R
 from sojourn.workspace.errors import AuthorityLost, WorkspaceError
 from sojourn.workspace.faults import fault
@@ -263,7 +264,7 @@ class Incoming:
         t_end = time.monotonic() + 120.0
         while True:
             try:
-                self.sup.append(*events)
+                self.sup.append(*events, raise_errors=True)
                 return
             except SojournError:
                 if time.monotonic() > t_end:
@@ -359,12 +360,10 @@ def settle_unstarted(repo_url: str, ws: str, al: str, capsule: str) -> None:
         a = rec.allocation(al)
         if rec.holder != al or a is None or not a.open:
             return  # not committed (the source settles it), or already recorded
-        store.append(ws, rec.epoch, al, {
-            "type": "stopped", "allocation": al, "reason": "failed", "exit_code": None, "ran": False,
-            "detail": "its supervisor died after the move's commit, before the program ran here; the workspace "
-                      f"stands on the move's capsule {capsule}",
-            "spend": spend(a.price_per_hour, time.time() - a.started), "capsule": capsule,
-            "state": R.state_after_stop("failed", capsule, ran=False)})
+        store.append(ws, rec.epoch, al, E.stop(
+            al, "failed", "its supervisor died after the move's commit, before the program ran here; the workspace "
+                          f"stands on the move's capsule {capsule}",
+            standing=capsule, ran=False, spend=spend(a.price_per_hour, time.time() - a.started)))
         store.record(ws)
 
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sojourn.errors import AlreadyExists, ObjectNotFound, SojournError
+from sojourn.workspace import events as E
 from sojourn.workspace import records as R
 from sojourn.workspace.errors import AuthorityLost
 from sojourn.workspace.faults import fault, switched
@@ -316,10 +317,8 @@ def moved_events(al: str, msg: dict[str, Any], verdict: Verdict, move: str, *, e
     destination's ``authority`` event, which says the same, is already in the log."""
     dest = str(verdict.doc.get("holder"))
     return [{"type": "capsule", "move": move, "capsule": capsule_entry(msg, al, True), "verified_by": dest},
-            {"type": "stopped", "allocation": al, "reason": "moved",
-             "detail": f"moved to {dest} (move {move}, epoch {verdict.epoch})", "exit_code": exit_code,
-             "max_rss": max_rss, "spend": spend, "state": "suspended", "capsule": msg["capsule"], "ran": True,
-             "log_bytes": log_bytes}]
+            E.stop(al, "moved", f"moved to {dest} (move {move}, epoch {verdict.epoch})", produced=str(msg["capsule"]),
+                   exit_code=exit_code, max_rss=max_rss, spend=spend, log_bytes=log_bytes).to_json()]
 
 
 # -- the source: a move request served by the supervisor ----------------------------------

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from sojourn.errors import SojournError
+from sojourn.workspace import events as E
 from sojourn.workspace import files
 from sojourn.workspace import records as R
 from sojourn.workspace.authority import reap, take
@@ -87,12 +88,13 @@ def prepare_resume(store: WorkspaceStore, ref: str, *, machine: MachineSpec) -> 
     ``machine``. Its files come from the capsule it resumes from; a capsule written without
     files (a run not on a machine) takes the workspace's last snapshot, or a new one of its
     directory."""
-    from sojourn.workspace.sessions import check_resumable
+    from sojourn.workspace.sessions import check_capsule, check_resumable
 
     _check_repo(store)
     ws = store.resolve(ref)
     rec = reap(store, store.record(ws), by="sojourn resume")
     check_resumable(rec)
+    check_capsule(store, rec)
     assert rec.last_capsule is not None
     snap = None
     if files.source_for_resume(store.repo, rec, rec.last_capsule.id) is None:
@@ -164,9 +166,7 @@ def abandon(store: WorkspaceStore, p: Prepared, why: str) -> None:
     it was, on the capsule it would have resumed from."""
     rec = store.record(p.workspace, save=False)
     standing = p.capsule or (rec.last_capsule.id if rec.last_capsule else None)
-    store.append(p.workspace, p.epoch, p.allocation,
-                 {"type": "stopped", "allocation": p.allocation, "reason": "failed", "detail": why, "exit_code": None,
-                  "state": R.state_after_stop("failed", standing, ran=False), "capsule": standing, "ran": False})
+    store.append(p.workspace, p.epoch, p.allocation, E.stop(p.allocation, "failed", why, standing=standing, ran=False))
     store.record(p.workspace)
 
 

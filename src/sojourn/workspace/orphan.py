@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 from sojourn.repository.repo import open_repository
+from sojourn.workspace import events as E
 from sojourn.workspace import records as R
 from sojourn.workspace.capsules import verify_capsule
 from sojourn.workspace.logs import log_rest
@@ -31,7 +32,7 @@ def log_the_rest(repo: Any, ws: str, al: str) -> None:
     log_rest(repo.backend, ws, al)
 
 
-def _started_unless_recorded(rec: R.WorkspaceRecord, al: str) -> list[dict[str, Any]]:
+def _started_unless_recorded(rec: R.WorkspaceRecord, al: str) -> list[E.Event]:
     """This session's ``started`` event, when its supervisor died before writing it (the
     record then names no session for the allocation, and the steps it ran would be no one's)."""
     a = rec.allocation(al)
@@ -42,9 +43,9 @@ def _started_unless_recorded(rec: R.WorkspaceRecord, al: str) -> list[dict[str, 
     from sojourn.procs import process_start
     from sojourn.workspace.logs import output_base
 
-    return [{"type": "started", "allocation": al, "session_pid": os.getpid(), "output": output_base(rec.id, al),
-             "session_pid_start": process_start(os.getpid()), "python_version": platform.python_version(),
-             "python": platform.python_version(), "arch": platform.machine(), "platform": sys.platform}]
+    return [E.Started(allocation=al, session_pid=os.getpid(), output=output_base(rec.id, al),
+                      session_pid_start=process_start(os.getpid()), python_version=platform.python_version(),
+                      python=platform.python_version(), arch=platform.machine(), platform=sys.platform)]
 
 
 def record_orphan_pause(repo_url: str, ws: str, al: str, epoch: int, msg: dict[str, Any]) -> None:
@@ -58,15 +59,13 @@ def record_orphan_pause(repo_url: str, ws: str, al: str, epoch: int, msg: dict[s
                                allocation=al, verified=error is None, error=error)
         rec = store.record(ws, save=False)
         previous = rec.last_capsule.id if rec.last_capsule else None
-        standing = entry.id if entry.verified else previous
-        reason = "suspended" if entry.verified else "failed"
+        reason, detail = E.exit_reason(None, None, entry)
         store.append(ws, epoch, al, *_started_unless_recorded(rec, al),
-                     {"type": "capsule", "capsule": entry.__dict__},
-                     {"type": "stopped", "allocation": al, "reason": reason,
-                      "detail": "its supervisor (the sojourn command) was gone, so the session paused by itself"
-                                + ("" if entry.verified else f"; the capsule failed its check: {error}"),
-                      "exit_code": None, "max_rss": msg.get("max_rss"), "spend": 0.0,
-                      "state": R.state_after_stop(reason, entry.id if entry.verified else None), "capsule": standing})
+                     E.CapsuleEvent(capsule=dict(entry.__dict__)),
+                     E.stop(al, reason, f"{detail}; its supervisor (the sojourn command) was gone, so the session "
+                                        "paused by itself",
+                            produced=entry.id if entry.verified else None, standing=previous,
+                            max_rss=msg.get("max_rss")))
         store.record(ws)
 
 
@@ -75,22 +74,14 @@ def record_orphan_exit(repo_url: str, ws: str, al: str, epoch: int, msg: dict[st
     before the orphan's pause could land: record the allocation's end as the supervisor
     would have (finished, or failed on the last good capsule)."""
     code, ran = msg.get("code"), bool(msg.get("ran", True))
-    if msg.get("oom"):
-        reason, what = "oom", f"ran out of memory ({msg.get('error')}: {msg.get('message', '')})"[:500]
-    elif code == 0 and ran:
-        reason, what = "finished", "exit code 0"
-    elif msg.get("error"):
-        reason, what = "failed", f"{msg.get('error')}: {msg.get('message', '')}"[:500]
-    else:
-        reason, what = "failed", f"exit code {code}"
+    reason, what = E.exit_reason(code, msg)  # as the supervisor would have decided
     with open_repository(repo_url) as repo:
         store = WorkspaceStore(repo)
         log_the_rest(repo, ws, al)
         rec = store.record(ws, save=False)
         standing = rec.last_capsule.id if rec.last_capsule else None
         store.append(ws, epoch, al, *_started_unless_recorded(rec, al),
-                     {"type": "stopped", "allocation": al, "reason": reason, "exit_code": code, "ran": ran,
-                      "detail": f"{what}; its supervisor (the sojourn command) was gone, so the session recorded "
-                                "its end itself", "max_rss": msg.get("max_rss"), "spend": 0.0,
-                      "state": R.state_after_stop(reason, standing, ran), "capsule": standing})
+                     E.stop(al, reason, f"{what}; its supervisor (the sojourn command) was gone, so the session "
+                                        "recorded its end itself",
+                            standing=standing, ran=ran, exit_code=code, max_rss=msg.get("max_rss")))
         store.record(ws)

@@ -17,9 +17,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from sojourn.workspace.signing import link_of
+
 STATES = ("running", "suspended", "finished", "failed")
 STOP_REASONS = ("finished", "suspended", "moved", "preempted", "oom", "hard-stop", "failed")
-RECORD_FORMAT = 1
+RECORD_FORMAT = 2  # 1: unsigned records (read, flagged); 2: signed and chained (docs/records-format.md)
 
 
 def new_id(prefix: str) -> str:
@@ -124,6 +126,12 @@ class WorkspaceRecord:
     refusals: int = 0
     upto: int = 0  # sequence number of the last event folded in
     files: dict[str, Any] | None = None  # the file manifest: the last `files` event (workspace/files.py)
+    # Authentication (store.py, signing.py): the chain link of the last record folded in,
+    # whether a signed one came (every later one must be), and how many were unsigned
+    # (format 1: read and shown, never trusted to choose an interpreter or a capsule).
+    head: str = field(default="", compare=False)
+    signed: bool = False
+    unsigned: int = 0
 
     @property
     def current(self) -> Allocation | None:
@@ -202,6 +210,9 @@ def initial(meta: dict[str, Any]) -> WorkspaceRecord:
         command=Command(**meta["command"]),
         updated=float(meta["created"]),
         taker=meta.get("creator"),
+        head=link_of(meta),
+        signed="mac" in meta,
+        unsigned=0 if "mac" in meta else 1,
     )
 
 
@@ -211,86 +222,94 @@ def is_stale(rec: WorkspaceRecord, event: dict[str, Any]) -> bool:
 
 def apply(rec: WorkspaceRecord, event: dict[str, Any]) -> bool:
     """Fold one event into ``rec`` (in place). Returns False for a stale writer's event,
-    which changes nothing."""
+    which changes nothing. The event is read as its typed kind (``events.py``)."""
+    from sojourn.workspace import events as E
+
     seq = int(event["seq"])
     if seq != rec.upto + 1:
         raise ValueError(f"event {seq} of {rec.id} folded out of order (after {rec.upto})")
     rec.upto = seq
     if is_stale(rec, event):
         return False
-    rec.updated = max(rec.updated, float(event.get("t", 0.0)))
-    handler = _HANDLERS.get(str(event.get("type")))
+    t = float(event.get("t", 0.0))
+    rec.updated = max(rec.updated, t)
+    ev = E.parse(event)
+    handler = _HANDLERS.get(type(ev).__name__)
     if handler is not None:
-        handler(rec, event)
+        handler(rec, ev, int(event.get("epoch", 0)), t)
     return True
 
 
-def _authority(rec: WorkspaceRecord, ev: dict[str, Any]) -> None:
-    rec.epoch = int(ev["epoch"])
-    rec.holder = ev.get("holder")
+def _authority(rec: WorkspaceRecord, ev: Any, epoch: int, t: float) -> None:
+    rec.epoch = epoch
+    rec.holder = ev.holder
     rec.pending = None
-    rec.taker = {k: ev.get(k) for k in ("host", "boot_id", "pid", "pid_start")}
+    rec.taker = {"host": ev.host, "boot_id": ev.boot_id, "pid": ev.pid, "pid_start": ev.pid_start}
     if str(rec.holder).startswith("al_"):
         # Taken to run: from this event on, no one else may resume it, even before the
         # allocation event that follows is written.
         rec.state = "running"
         rec.stop_reason = None
         rec.detail = ""
-    if ev.get("move") and isinstance(ev.get("capsule"), dict):
-        _moved_here(rec, ev)
+    if ev.extra.get("move") and isinstance(ev.extra.get("capsule"), dict):
+        _moved_here(rec, ev, t)
 
 
-def _moved_here(rec: WorkspaceRecord, ev: dict[str, Any]) -> None:
+def _moved_here(rec: WorkspaceRecord, ev: Any, t: float) -> None:
     """A move's commit is one event: the destination won the epoch after its restore checked
     the capsule, so the capsule is verified and the source allocation stopped as ``moved``
     (the source records the same, void once this is in; see docs/moves.md)."""
-    _capsule(rec, {**ev, "type": "capsule"})
-    src = rec.allocation(str(ev.get("from_allocation")))
+    from sojourn.workspace import events as E
+
+    x = ev.extra
+    _capsule(rec, E.CapsuleEvent(capsule=x["capsule"], distributions=x.get("distributions"), arch=x.get("arch")),
+             0, t)
+    src = rec.allocation(str(x.get("from_allocation")))
     if src is not None and src.open:
-        src.ended = float(ev.get("t", 0.0))
+        src.ended = t
         src.stop_reason = "moved"
-        src.spend = float(ev.get("from_spend") or 0.0)
-        src.detail = f"moved to {ev.get('holder')} (move {ev.get('move')}, epoch {ev.get('epoch')})"
+        src.spend = float(x.get("from_spend") or 0.0)
+        src.detail = f"moved to {ev.holder} (move {x.get('move')}, epoch {rec.epoch})"
 
 
-def _allocation(rec: WorkspaceRecord, ev: dict[str, Any]) -> None:
-    rec.allocations.append(Allocation(**ev["allocation"]))
+def _allocation(rec: WorkspaceRecord, ev: Any, epoch: int, t: float) -> None:
+    rec.allocations.append(Allocation(**ev.allocation))
     rec.state = "running"
     rec.stop_reason = None
     rec.detail = ""
     rec.exit_code = None
 
 
-def _started(rec: WorkspaceRecord, ev: dict[str, Any]) -> None:
-    a = rec.allocation(ev["allocation"])
+def _started(rec: WorkspaceRecord, ev: Any, epoch: int, t: float) -> None:
+    a = rec.allocation(ev.allocation)
     if a is None:
         return
-    a.session_pid = ev.get("session_pid")
-    a.session_pid_start = ev.get("session_pid_start")
-    a.python_version = ev.get("python_version")
-    if ev.get("output"):
-        a.output = str(ev["output"])
+    a.session_pid = ev.session_pid
+    a.session_pid_start = ev.session_pid_start
+    a.python_version = ev.python_version
+    if ev.output:
+        a.output = str(ev.output)
     for key in ("python", "arch", "platform"):
-        if ev.get(key):
-            rec.requirements[key] = ev[key]
+        if getattr(ev, key):
+            rec.requirements[key] = getattr(ev, key)
 
 
-def _request(rec: WorkspaceRecord, ev: dict[str, Any]) -> None:
-    rec.pending = {"n": ev.get("n"), "kind": ev.get("kind"), "since": ev.get("t"), "by": ev.get("requested_by")}
+def _request(rec: WorkspaceRecord, ev: Any, epoch: int, t: float) -> None:
+    rec.pending = {"n": ev.n, "kind": ev.kind, "since": t, "by": ev.requested_by}
 
 
-def _waiting(rec: WorkspaceRecord, ev: dict[str, Any]) -> None:
+def _waiting(rec: WorkspaceRecord, ev: Any, epoch: int, t: float) -> None:
     if rec.pending is not None:
-        rec.pending["waiting_for"] = ev.get("why")
+        rec.pending["waiting_for"] = ev.why
 
 
-def _refused(rec: WorkspaceRecord, ev: dict[str, Any]) -> None:
+def _refused(rec: WorkspaceRecord, ev: Any, epoch: int, t: float) -> None:
     rec.pending = None
     rec.refusals += 1
 
 
-def _capsule(rec: WorkspaceRecord, ev: dict[str, Any]) -> None:
-    entry = CapsuleEntry(**ev["capsule"])
+def _capsule(rec: WorkspaceRecord, ev: Any, epoch: Any, t: float) -> None:
+    entry = CapsuleEntry(**ev.capsule)
     known = [i for i, c in enumerate(rec.capsules) if c.id == entry.id]
     if known:  # a move's capsule, checked by the destination after the source wrote it
         rec.capsules[known[0]] = entry
@@ -298,51 +317,57 @@ def _capsule(rec: WorkspaceRecord, ev: dict[str, Any]) -> None:
         rec.capsules.append(entry)
     if entry.verified:
         rec.last_capsule = entry
-        if ev.get("distributions"):
-            rec.requirements["packages"] = ev["distributions"]
-        if ev.get("arch"):
-            rec.requirements["arch"] = ev["arch"]
+        if ev.distributions:
+            rec.requirements["packages"] = ev.distributions
+        if ev.arch:
+            rec.requirements["arch"] = ev.arch
     a = rec.allocation(entry.allocation)
     if a is not None and entry.verified:
         a.capsule_out = entry.id
-    if ev.get("checkpoint"):  # a requested checkpoint (workspace/checkpoints.py): the request is served
+    if ev.extra.get("checkpoint"):  # a requested checkpoint (workspace/checkpoints.py): the request is served
         rec.pending = None
 
 
-def _stopped(rec: WorkspaceRecord, ev: dict[str, Any]) -> None:
-    a = rec.allocation(ev["allocation"])
+def _stopped(rec: WorkspaceRecord, ev: Any, epoch: int, t: float) -> None:
+    a = rec.allocation(ev.allocation) if ev.allocation is not None else None
     if a is not None and a.open:
-        a.ended = float(ev["t"])
-        a.stop_reason = ev["reason"]
-        a.detail = ev.get("detail", "")
-        a.exit_code = ev.get("exit_code")
-        a.max_rss = ev.get("max_rss")
-        a.spend = float(ev.get("spend", 0.0))
+        a.ended = t
+        a.stop_reason = ev.reason
+        a.detail = ev.detail or ""
+        a.exit_code = ev.exit_code
+        a.max_rss = ev.max_rss
+        a.spend = float(ev.spend or 0.0)
         if a.max_rss:
             rec.requirements["memory_high_water"] = max(int(rec.requirements.get("memory_high_water", 0)), a.max_rss)
     if rec.current is None:
-        rec.state = ev["state"]
-        rec.stop_reason = ev["reason"]
-        rec.detail = ev.get("detail", "")
-        rec.exit_code = ev.get("exit_code")
+        rec.state = ev.state
+        rec.stop_reason = ev.reason
+        rec.detail = ev.detail or ""
+        rec.exit_code = ev.exit_code
         rec.pending = None
 
 
-def _files(rec: WorkspaceRecord, ev: dict[str, Any]) -> None:
-    rec.files = {k: ev.get(k) for k in ("capsule", "source", "count", "bytes", "allocation")}
+def _files(rec: WorkspaceRecord, ev: Any, epoch: int, t: float) -> None:
+    rec.files = {"capsule": ev.capsule, "source": ev.source, "count": ev.count, "bytes": ev.bytes,
+                 "allocation": ev.allocation}
 
 
+def _move(rec: WorkspaceRecord, ev: Any, epoch: int, t: float) -> None:
+    rec.pending = None
+
+
+# By event class name (events.KINDS): the fold's one table.
 _HANDLERS = {
-    "files": _files,
-    "authority": _authority,
-    "allocation": _allocation,
-    "started": _started,
-    "request": _request,
-    "waiting": _waiting,
-    "refused": _refused,
-    "capsule": _capsule,
-    "stopped": _stopped,
-    "move": lambda rec, ev: setattr(rec, "pending", None),
+    "Files": _files,
+    "Authority": _authority,
+    "AllocationEvent": _allocation,
+    "Started": _started,
+    "Request": _request,
+    "Waiting": _waiting,
+    "Refused": _refused,
+    "CapsuleEvent": _capsule,
+    "Stopped": _stopped,
+    "Move": _move,
 }
 
 

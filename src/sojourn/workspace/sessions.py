@@ -19,6 +19,7 @@ from typing import Any
 
 from sojourn.workspace import records as R
 from sojourn.workspace.authority import reap, take
+from sojourn.workspace.capsules import check_capsule_owner, record_python
 from sojourn.workspace.errors import WorkspaceError
 from sojourn.workspace.liveness import boot_id, hostname, me, process_start
 from sojourn.workspace.logs import LogRecord, allocation_records, read_log
@@ -192,6 +193,7 @@ def resume(store: WorkspaceStore, ref: str, *, python: str | None = None, cwd: s
     ws = store.resolve(ref)
     rec = reap(store, store.record(ws), by="sojourn resume")
     check_resumable(rec)
+    check_capsule(store, rec)
     al = R.new_id("al")
     epoch = take(store, rec, al, "resume")
     # The capsule as of our authority event is the one to carry on from (winning the swap
@@ -213,11 +215,16 @@ def resume(store: WorkspaceStore, ref: str, *, python: str | None = None, cwd: s
 
 
 def _default_python(rec: R.WorkspaceRecord) -> str:
-    """The interpreter the workspace last ran with, if this host has it."""
-    for cand in ([a.python for a in reversed(rec.allocations)] + [rec.command.python]):
-        if cand and os.access(cand, os.X_OK):
-            return cand
-    return sys.executable
+    """The interpreter the workspace last ran with, if its record is signed and this host has it."""
+    return record_python(rec)
+
+
+def check_capsule(store: WorkspaceStore, rec: R.WorkspaceRecord) -> None:
+    """Before anything is taken or run: the capsule to resume from is this workspace's (or,
+    in a signed fork, its origin's)."""
+    assert rec.last_capsule is not None
+    first = store.event(rec.id, 1) or {}
+    check_capsule_owner(store.repo, rec, rec.last_capsule.id, forked=bool(first.get("forked_from")))
 
 
 def check_resumable(rec: R.WorkspaceRecord) -> None:

@@ -14,12 +14,19 @@ prefix returns one type only, which S3 answers server-side):
 locks/``epoch.<ws>.<n:06d>``        authority: created exclusively, so one writer wins epoch n
 ==================================  ===========================================================
 
-The summary is never trusted blindly: a reader checks that the event after ``upto`` does not
-exist (one ``stat``), and folds the newer events in when it does.
+The summary is never trusted blindly: a reader checks its MAC, that the event after ``upto``
+does not exist (one ``stat``) and that event ``upto`` does (a log cut at its end), and folds
+the newer events in when it does.
+
+Meta, events and summaries are authenticated with the repository key (``signing.py``,
+docs/records-format.md): every event is read through :meth:`WorkspaceStore.events`, which
+checks its MAC, workspace, number and chain link before anyone sees it.
 """
 
 from __future__ import annotations
 
+import copy
+import hmac
 import json
 import os
 import re
@@ -29,9 +36,20 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from sojourn.errors import AlreadyExists, ObjectNotFound, RepositoryError
-from sojourn.repository.repo import Repository
+from sojourn.repository.repo import Repository, pin
 from sojourn.workspace import records as R
 from sojourn.workspace.errors import AuthorityLost, WorkspaceError, WorkspaceNotFound
+from sojourn.workspace.events import Event
+from sojourn.workspace.signing import (
+    EVENT_DOMAIN,
+    META_DOMAIN,
+    SUMMARY_DOMAIN,
+    RecordKey,
+    RecordTampered,
+    check_event,
+    check_meta,
+    link_of,
+)
 
 KIND = "workspaces"
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -76,10 +94,18 @@ class WorkspaceStore:
     race is settled by the backend's exclusive create."""
 
     def __init__(self, repo: Repository):
+        # A process that works in a workspace works in this repository and no other one that
+        # may appear at its URL (repo.pin): its sessions never create a repository.
+        pin(repo)
         self.repo = repo
         self.backend = repo.backend
+        self.key = RecordKey(repo.key, repo.id)
         self._lock = threading.Lock()
-        self._heads: dict[str, int] = {}
+        # Per workspace: (last sequence number, its chain link, whether a signed record came).
+        self._heads: dict[str, tuple[int, str, bool]] = {}
+        self._links: dict[tuple[str, int], tuple[str, bool]] = {}  # checked events: link, signed so far
+        self._metas: dict[str, tuple[dict[str, Any], bool]] = {}  # meta objects are immutable
+        self._records: dict[str, R.WorkspaceRecord] = {}  # the last fold, per workspace (record())
 
     # -- creation and names ----------------------------------------------------------------
 
@@ -94,8 +120,8 @@ class WorkspaceStore:
             self._claim(name, ws)
         else:
             name = self._claim_free(default_name, ws)
-        meta = {"format": R.RECORD_FORMAT, "id": ws, "name": name, "created": R.now(), "command": command.__dict__,
-                "creator": creator}
+        meta = self.key.sign(META_DOMAIN, {"format": R.RECORD_FORMAT, "id": ws, "name": name, "created": R.now(),
+                                           "command": command.__dict__, "creator": creator})
         self.backend.save(KIND, f"meta.{ws}", _dump(meta), exclusive=True)
         return meta
 
@@ -146,90 +172,231 @@ class WorkspaceStore:
         raise WorkspaceNotFound(f"no workspace {ref!r} in {self.repo.url} (`sojourn ps` lists them)")
 
     def meta(self, ws: str) -> dict[str, Any]:
+        """The workspace's checked meta object (signed, or a format-1 one: see :meth:`meta_signed`)."""
+        return self._meta(ws)[0]
+
+    def meta_signed(self, ws: str) -> bool:
+        return self._meta(ws)[1]
+
+    def _meta(self, ws: str) -> tuple[dict[str, Any], bool]:
+        known = self._metas.get(ws)
+        if known is not None:
+            return known
         try:
-            return _load(self.backend.load(KIND, f"meta.{ws}"), f"meta of {ws}")
+            doc = _load(self.backend.load(KIND, f"meta.{ws}"), f"meta of {ws}")
         except ObjectNotFound:
             raise WorkspaceNotFound(f"no workspace {ws} in {self.repo.url}") from None
+        signed = check_meta(self.key, ws, doc)
+        self._metas[ws] = (doc, signed)
+        return doc, signed
 
     def ids(self) -> list[str]:
         return [n[len("meta."):] for n in self.backend.list(KIND, "meta.")]
 
     # -- events ----------------------------------------------------------------------------
 
-    def append(self, ws: str, epoch: int, by: str, *events: dict[str, Any]) -> list[int]:
+    def append(self, ws: str, epoch: int, by: str, *events: dict[str, Any] | Event) -> list[int]:
         """Append events fenced by ``epoch`` (an event of a stale epoch is kept but void).
 
         Safe under concurrent writers: each event is an exclusive create of the next free
-        sequence number; a writer that loses a number takes the next one."""
-        seqs = []
+        sequence number; a writer that loses a number checks the winner's event and chains
+        onto it. Each event is signed, names ``ws``, its number and the link of the one before."""
+        seqs: list[int] = []
         with self._lock:
-            seq = self._heads.get(ws)
-            if seq is None:
-                seq = self._probe_head(ws)
-            for ev in events:
-                while True:
-                    seq += 1
-                    doc = dict(ev)
-                    doc.update(seq=seq, epoch=epoch, by=by)
-                    doc.setdefault("t", R.now())
-                    try:
-                        self.backend.save(KIND, event_name(ws, seq), _dump(doc), exclusive=True)
-                        break
-                    except AlreadyExists:
-                        continue
-                seqs.append(seq)
-            self._heads[ws] = seq
+            head = self._heads.get(ws)
+            if head is None:
+                head = self._probe_head(ws)
+            seq, link, signed = head
+            try:
+                self._append(ws, epoch, by, events, seqs, [seq, link, signed])
+            except RepositoryError as e:
+                # What was written stays written: say how much, so that a caller that keeps
+                # the rest for later (the supervisor during an outage) never writes one twice.
+                e.appended = len(seqs)  # type: ignore[attr-defined]
+                raise
         self.backend.flush()
         return seqs
 
-    def _probe_head(self, ws: str) -> int:
-        seq = 0
+    def _append(self, ws: str, epoch: int, by: str, events: tuple[dict[str, Any] | Event, ...], seqs: list[int],
+                state: list[Any]) -> None:
+        seq, link, signed = state
+        try:
+            for ev in events:
+                body = ev.to_json() if isinstance(ev, Event) else dict(ev)
+                while True:
+                    seq += 1
+                    doc = dict(body)
+                    doc.update(seq=seq, epoch=epoch, by=by, ws=ws, prev=link)
+                    doc.setdefault("t", R.now())
+                    doc = self.key.sign(EVENT_DOMAIN, doc)
+                    try:
+                        self.backend.save(KIND, event_name(ws, seq), _dump(doc), exclusive=True)
+                        link, signed = doc["mac"], True
+                        break
+                    except AlreadyExists:
+                        other = self._load_event(ws, seq)
+                        if other is None:  # removed under us: the reader will say so
+                            raise RecordTampered(f"event {seq} of workspace {ws} vanished while it was being "
+                                                 "appended after; nothing was written") from None
+                        signed = check_event(self.key, ws, seq, other, link, signed) or signed
+                        link = link_of(other)
+                        self._links[(ws, seq)] = (link, signed)
+                seqs.append(seq)
+                self._links[(ws, seq)] = (link, signed)
+        finally:
+            if seqs:
+                self._heads[ws] = (seqs[-1], *self._links[(ws, seqs[-1])])
+
+    def _anchor(self, ws: str, seq: int) -> tuple[str, bool]:
+        """The chain link of record ``seq`` (0: the meta) and whether a signed record came by then."""
+        if seq == 0:
+            meta, signed = self._meta(ws)
+            return link_of(meta), signed
+        known = self._links.get((ws, seq))
+        if known is not None:
+            return known
+        doc = self._load_event(ws, seq)
+        if doc is None:
+            raise RecordTampered(f"event {seq} of workspace {ws} is missing while later ones are read: the log "
+                                 "was cut. Nothing was run; restore the missing object from a backup")
+        # Checked on its own (MAC, workspace, number); its own link back was checked by
+        # whoever read it in order, and only one genuine event can have this number.
+        _, signed_meta = self._meta(ws)
+        signed = check_event(self.key, ws, seq, doc, str(doc.get("prev", "")), signed_meta) or signed_meta
+        return link_of(doc), signed
+
+    def event(self, ws: str, seq: int) -> dict[str, Any] | None:
+        """Event ``seq`` on its own, checked (MAC, workspace, number), or None when absent."""
+        doc = self._load_event(ws, seq)
+        if doc is not None:
+            _, signed_meta = self._meta(ws)
+            check_event(self.key, ws, seq, doc, str(doc.get("prev", "")), signed_meta)
+        return doc
+
+    def _load_event(self, ws: str, seq: int) -> dict[str, Any] | None:
+        try:
+            raw = self.backend.load(KIND, event_name(ws, seq))
+        except ObjectNotFound:
+            return None
+        return _load(raw, f"event {seq} of {ws}")
+
+    def _probe_head(self, ws: str) -> tuple[int, str, bool]:
         summary = self._summary(ws)
         if summary is not None:
-            seq = int(summary.get("upto", 0))
-        while self.backend.stat(KIND, event_name(ws, seq + 1)) is not None:
-            seq += 1
-        return seq
+            seq, link, signed = int(summary["upto"]), str(summary["head"]), bool(summary["record"].get("signed"))
+        else:
+            seq = 0
+            link, signed = self._anchor(ws, 0)
+        new, link, signed = self._read(ws, seq + 1, link, signed)
+        return seq + len(new), link, signed
 
     def events(self, ws: str, start: int = 1) -> list[dict[str, Any]]:
-        """Events ``start``, ``start+1``... up to the first missing one."""
+        """Checked events ``start``, ``start+1``... up to the last one (none of a workspace
+        whose meta is not written yet, or gone; events without their meta are refused)."""
+        try:
+            link, signed = self._anchor(ws, start - 1)
+        except WorkspaceNotFound:
+            if self.backend.stat(KIND, event_name(ws, start)) is None:
+                return []
+            raise
+        return self._read(ws, start, link, signed)[0]
+
+    def _read(self, ws: str, start: int, link: str, signed: bool) -> tuple[list[dict[str, Any]], str, bool]:
+        """Events from ``start`` on, each checked against the link of the one before; refuses a
+        forged, replayed, reordered or cut log (:class:`RecordTampered`)."""
         out: list[dict[str, Any]] = []
         seq = start
         while True:
-            try:
-                raw = self.backend.load(KIND, event_name(ws, seq))
-            except ObjectNotFound:
-                return out
-            out.append(_load(raw, f"event {seq} of {ws}"))
+            doc = self._load_event(ws, seq)
+            if doc is None:
+                # A writer creates event k only after it saw k-1, so a later event behind a
+                # missing one means someone removed it (once k+1 is seen, k is there unless
+                # removed: a writer may just have created both since the first load).
+                if self.backend.stat(KIND, event_name(ws, seq + 1)) is None:
+                    return out, link, signed
+                doc = self._load_event(ws, seq)
+                if doc is None:
+                    raise RecordTampered(
+                        f"event {seq} of workspace {ws} is missing while event {seq + 1} is there: the log was cut "
+                        "in the middle. Nothing was run; restore the missing object from a backup")
+            signed = check_event(self.key, ws, seq, doc, link, signed) or signed
+            link = link_of(doc)
+            self._links[(ws, seq)] = (link, signed)
+            out.append(doc)
             seq += 1
 
     # -- the record ------------------------------------------------------------------------
 
     def _summary(self, ws: str) -> dict[str, Any] | None:
+        """The summary when it is this format's, signed, and this workspace's; else None (a
+        summary is a cache: one that is not trusted only costs a longer fold). Its object is
+        the MAC's hex digits, a newline and the JSON it covers, so that the check is one HMAC
+        over the bytes read (``ps`` reads one summary per workspace)."""
         try:
-            doc = _load(self.backend.load(KIND, f"summary.{ws}"), f"summary of {ws}")
+            raw = self.backend.load(KIND, f"summary.{ws}")
         except ObjectNotFound:
             return None
-        return doc if doc.get("format") == R.RECORD_FORMAT else None
+        mac, _, body = bytes(raw).partition(b"\n")
+        if not hmac.compare_digest(mac, self.key.mac_bytes(SUMMARY_DOMAIN, body).encode()):
+            return None
+        doc = _load(body, f"summary of {ws}")
+        if doc.get("format") != R.RECORD_FORMAT or doc.get("ws") != ws:
+            return None
+        if not isinstance(doc.get("record"), dict) or not isinstance(doc.get("head"), str):
+            return None
+        return doc
+
+    def _from_summary(self, summary: dict[str, Any], *, check_tail: bool = True) -> R.WorkspaceRecord:
+        rec = R.WorkspaceRecord.from_json(summary["record"])
+        rec.head = str(summary["head"])
+        upto = int(summary["upto"])
+        # The summary is signed and says event ``upto`` existed: if it is gone, the newest
+        # events were removed (a rollback), which the log alone could not show. (A listing
+        # skips this stat: it shows, and every command that acts reads the full record.)
+        if check_tail and upto > 0 and self.backend.stat(KIND, event_name(rec.id, upto)) is None:
+            raise RecordTampered(
+                f"workspace {rec.id}'s signed summary covers events 1..{upto}, but event {upto} is gone: the newest "
+                "events were removed (a rollback). Nothing was run; restore them from a backup")
+        self._links.setdefault((rec.id, upto), (rec.head, rec.signed))
+        return rec
+
+    def _initial(self, ws: str) -> R.WorkspaceRecord:
+        return R.initial(self._meta(ws)[0])
 
     def record(self, ws: str, *, save: bool = True) -> R.WorkspaceRecord:
-        """The workspace's record: its summary with every newer event folded in."""
-        summary = self._summary(ws)
-        rec = R.WorkspaceRecord.from_json(summary["record"]) if summary else R.initial(self.meta(ws))
-        return self._advance(rec, save=save)
+        """The workspace's record: its summary with every newer event folded in (each checked).
+
+        The last record this store folded is kept, so that a command that reads the record
+        again (a resume reads it at each step) folds only the events that came since: each
+        event is read, checked and folded once per process."""
+        known = self._records.get(ws)
+        if known is not None:
+            rec = copy.deepcopy(known)
+        else:
+            summary = self._summary(ws)
+            rec = self._from_summary(summary) if summary else self._initial(ws)
+        rec = self._advance(rec, save=save)
+        self._records[ws] = copy.deepcopy(rec)
+        return rec
 
     def _advance(self, rec: R.WorkspaceRecord, *, save: bool) -> R.WorkspaceRecord:
-        new = self.events(rec.id, rec.upto + 1)
+        new, _, _ = self._read(rec.id, rec.upto + 1, rec.head, rec.signed)
         for ev in new:
             R.apply(rec, ev)
+            rec.head = link_of(ev)
+            if "mac" in ev:
+                rec.signed = True
+            else:
+                rec.unsigned += 1
         if new and save:
             self.save_summary(rec)
         return rec
 
     def save_summary(self, rec: R.WorkspaceRecord) -> None:
+        body = _dump({"format": R.RECORD_FORMAT, "ws": rec.id, "upto": rec.upto, "head": rec.head,
+                      "record": rec.to_json()})
         try:
-            self.backend.save(KIND, f"summary.{rec.id}", _dump({"format": R.RECORD_FORMAT, "upto": rec.upto,
-                                                                 "record": rec.to_json()}))
+            self.backend.save(KIND, f"summary.{rec.id}", self.key.mac_bytes(SUMMARY_DOMAIN, body).encode() + b"\n" + body)
         except RepositoryError:
             pass  # a cache that cannot be written (a read-only repository) only costs time
 
@@ -239,7 +406,7 @@ class WorkspaceStore:
         summary = self._summary(ws)
         if summary is None:
             return self.record(ws)
-        rec = R.WorkspaceRecord.from_json(summary["record"])
+        rec = self._from_summary(summary, check_tail=False)
         if self.backend.stat(KIND, event_name(ws, rec.upto + 1)) is None:
             return rec
         return self._advance(rec, save=True)

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sojourn import notices
+from sojourn.workspace import events as E
 from sojourn.workspace import records as R
 from sojourn.workspace.capsules import capsule_facts, child_env, verify_capsule
 from sojourn.workspace.files import files_event_of
@@ -90,9 +91,7 @@ class Outcome:
     refusals: list[dict[str, Any]] = field(default_factory=list)
 
 
-def oom_reason(reason: str) -> bool:
-    r = reason.lower()
-    return "oom" in r or "memory" in r
+oom_reason = E.oom_reason
 
 
 class Supervisor(SignalForwarding):
@@ -133,11 +132,34 @@ class Supervisor(SignalForwarding):
         self.background: list[threading.Thread] = []  # write checks of checkpoints (checkpoints.py)
         self._interrupted: float | None = None  # when the last Ctrl-C asked for a pause (monotonic)
         self._pump_errors = 0
+        self._append_lock = threading.Lock()
+        self._backlog: list[dict[str, Any]] = []  # events an outage kept from the repository
 
     # -- events ----------------------------------------------------------------------------
 
-    def append(self, *events: dict[str, Any]) -> None:
-        self.store.append(self.spec.workspace, self.spec.epoch, self.spec.allocation, *events)
+    def append(self, *events: dict[str, Any], raise_errors: bool | None = None) -> None:
+        """Append events; events the repository could not take (an outage) are kept and
+        written, first and in order, by the next append. Only the main thread hears the error
+        (or a caller that retries itself: ``raise_errors``): the output pump and the watcher
+        must outlive a store that does not answer for a while (issue 12: a dead pump never
+        read the capsule the session wrote next)."""
+        from sojourn.errors import RepositoryError
+
+        with self._append_lock:
+            kept = len(self._backlog)
+            todo = [*self._backlog, *events]
+            try:
+                self.store.append(self.spec.workspace, self.spec.epoch, self.spec.allocation, *todo)
+                self._backlog = []
+            except RepositoryError as e:
+                written = int(getattr(e, "appended", 0))
+                if raise_errors or (raise_errors is None and threading.current_thread() is threading.main_thread()):
+                    # The caller hears it and keeps its own events: only what was kept before stays here.
+                    self._backlog = todo[min(written, kept):kept]
+                    raise
+                self._backlog = todo[written:]
+                print(f"sojourn: the repository did not take {len(self._backlog)} event(s) ({e}); they are kept and "
+                      "written once it answers", file=sys.stderr)
 
     # -- the whole life of the allocation --------------------------------------------------
 
@@ -359,6 +381,8 @@ class Supervisor(SignalForwarding):
             if self.spec.epoch != epoch:  # an aborted move took the next epoch for this allocation
                 epoch, next_request = self.spec.epoch, 1
             try:
+                if self._backlog:  # events an outage kept back: written as soon as the store answers
+                    self.append()
                 if self.log.due():
                     self.log.flush()
                 req = self.store.poll_request(ws, epoch, next_request)
@@ -527,11 +551,11 @@ class Supervisor(SignalForwarding):
         # What the workspace stands on now: this stop's capsule, else the one a failed resume
         # started from, else the last good one before.
         standing = produced or (s.capsule if not ran else None) or self._last_good()
-        state = R.state_after_stop(reason, produced if ran else standing, ran)
-        events.append({"type": "stopped", "allocation": s.allocation, "reason": reason, "detail": detail,
-                       "exit_code": rc, "max_rss": max_rss, "spend": spend(s.price_per_hour, time.time() - self.t0),
-                       "state": state, "capsule": standing,
-                       "ran": ran, "log_bytes": self.log.bytes_written})
+        stopped = E.stop(s.allocation, reason, detail, produced=produced, standing=standing, ran=ran, exit_code=rc,
+                         max_rss=max_rss, spend=spend(s.price_per_hour, time.time() - self.t0),
+                         log_bytes=self.log.bytes_written)
+        state = stopped.state
+        events.append(stopped.to_json())
         if self.lost_authority is None:
             self.append(*events)
             self.store.record(s.workspace)
@@ -561,48 +585,26 @@ class Supervisor(SignalForwarding):
             if cap is None and self.refusals:
                 why += f" (the pause was refused: {_refusal_line(self.refusals[-1])})"
             return "hard-stop", f"{self.hard_stopped}; {why}{self._standing_note()}", EXIT_PAUSE_FAILED
-        if cap is not None:
-            if not cap.verified:
-                return ("failed", f"capsule {cap.id} failed its write check: {cap.error}{self._standing_note()}",
-                        EXIT_PAUSE_FAILED)
-            if oom_reason(cap.reason) or rc == EXIT_OOM:
-                return "oom", f"ran out of memory{limit} at {cap.where}", EXIT_OOM
-            if cap.reason == "preempted":
-                return "preempted", f"paused at {cap.where}", EXIT_PAUSED
-            return "suspended", f"paused ({cap.reason}) at {cap.where}", EXIT_PAUSED
-        em = self.exit_msg
-        if not self.started:
+        if cap is None and not self.started:
             tail = self.output.stderr_tail.decode(errors="replace").strip().splitlines()
             last = f": {tail[-1]}" if tail else ""
             if rc < 0:  # killed before it started: exit as a shell would (128+n), not as the raw -n & 255
                 return "failed", (f"the session was killed by {_signal_name(-rc)} before it started under {self.spec.python}"
                                   f"{last}"), 128 - rc
             return "failed", f"the session did not start under {self.spec.python} (exit code {rc}){last}", rc
-        if em is not None and not em.get("ran", True):
-            return "failed", f"the program could not be carried on: {em.get('message', '')}", rc
-        if em is not None and em.get("oom"):
-            said = f": {em.get('message')}" if em.get("message") else ""
-            return ("oom", f"ran out of memory{limit} ({em.get('error')}{said}); the engine took no capsule at "
-                    "the failing statement", EXIT_OOM)
-        if rc == 0:
-            return "finished", "exit code 0", 0
-        if rc == EXIT_PAUSE_FAILED:
-            return ("failed", "a pause was required (SIGTERM) but could not be taken before its deadline"
-                    f"{self._standing_note()}", rc)
-        if rc < 0:
-            return "failed", f"the session was killed by {_signal_name(-rc)}", 128 - rc
-        if em is not None and em.get("error"):
-            return "failed", f"{em.get('error')}: {em.get('message', '')}"[:500], rc
-        return "failed", f"exit code {rc}", rc
+        # The rest is how any session ends, decided in one place (an orphan asks the same);
+        # where the program cannot go on, the detail says what the workspace stays on.
+        reason, detail = E.exit_reason(rc, self.exit_msg, cap, limit)
+        if (cap is not None and not cap.verified) or (cap is None and rc == EXIT_PAUSE_FAILED):
+            detail += self._standing_note()
+        return reason, detail, E.command_code(reason, rc, cap)
 
     def _finish_without_session(self, why: str) -> Outcome:
         s = self.spec
-        standing = s.capsule or self._last_good()
-        state = R.state_after_stop("failed", standing, ran=False)
-        self.append({"type": "stopped", "allocation": s.allocation, "reason": "failed", "detail": why,
-                     "exit_code": None, "state": state, "capsule": standing, "ran": False})
+        stopped = E.stop(s.allocation, "failed", why, standing=s.capsule or self._last_good(), ran=False)
+        self.append(stopped.to_json())
         self.store.record(s.workspace)
-        return Outcome("failed", state, 2, None, why, None, False)
+        return Outcome("failed", stopped.state, 2, None, why, None, False)
 
 
 def _refusal_line(msg: dict[str, Any]) -> str:

@@ -35,10 +35,12 @@ from typing import Any
 
 from sojourn.capsule.modules import ensure_user_module, source_record
 from sojourn.capsule.reducers.code_enclosing import (
+    SUBMODULES,
     base_bindings,
     class_cells,
     enclosing_values,
     held_by_class,
+    imported_submodules,
     wraps_sourceless,
 )
 from sojourn.capsule.reducers.code_library import (
@@ -157,6 +159,7 @@ def _function_setstate(func: types.FunctionType, state: dict[str, Any]) -> None:
     extra_globals = state.pop("__globals_subset__", None)
     if extra_globals:
         func.__globals__.update(extra_globals)
+    state.pop(SUBMODULES, None)  # imported as they were unpickled: nothing to set
     for k, v in state.items():
         setattr(func, k, v)
 
@@ -375,6 +378,9 @@ def reduce_function(func: types.FunctionType, pickler: Any) -> Any:
         state["__annotations__"] = func.__annotations__
     if func.__dict__:
         state["__dict__"] = func.__dict__
+    submodules = imported_submodules(func)
+    if submodules:
+        state[SUBMODULES] = submodules
     return (_make_function, (src, globals_ref, func.__closure__), state, None, None, _function_setstate)
 
 

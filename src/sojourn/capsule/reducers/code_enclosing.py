@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import gc
+import sys
 import types
 import typing
 from typing import Any
@@ -132,3 +133,38 @@ def held_by_class(func: types.FunctionType, pickler: Any) -> tuple[type, str] | 
                     if v is func:
                         return (cls, k)
     return None
+
+
+# A key of a function's state: submodules its code reaches through a module it holds.
+SUBMODULES = "__sojourn_submodules__"
+
+
+def imported_submodules(func: types.FunctionType) -> list[types.ModuleType]:
+    """Submodules the program imported that the function reaches by attribute through a module
+    it holds (``xml.etree.ElementTree.Comment`` with ``xml`` in a closure cell or a global).
+
+    A module travels as "import it", and ``import xml`` alone does not load ``xml.etree``:
+    these travel with the function, so it finds them where it is restored. Only submodules
+    every part of whose name the code uses, as cloudpickle does."""
+    names = set(func.__code__.co_names)
+    for c in func.__code__.co_consts:
+        if isinstance(c, types.CodeType):
+            names |= set(c.co_names)
+    held: list[types.ModuleType] = []
+    for cell in func.__closure__ or ():
+        try:
+            v = cell.cell_contents
+        except ValueError:
+            continue
+        if isinstance(v, types.ModuleType):
+            held.append(v)
+    glb = func.__globals__
+    held += [glb[n] for n in func.__code__.co_names if isinstance(glb.get(n), types.ModuleType)]
+    found: dict[str, types.ModuleType] = {}
+    for mod in held:
+        prefix = mod.__name__ + "."
+        for name, sub in list(sys.modules.items()):
+            if (name.startswith(prefix) and isinstance(sub, types.ModuleType)
+                    and all(part in names for part in name[len(prefix):].split("."))):
+                found[name] = sub
+    return [found[n] for n in sorted(found)]
