@@ -140,8 +140,29 @@ def wait_for(pred: Callable[[], Any], timeout: float, what: str) -> Any:
 
 
 def finish(proc: subprocess.Popen[str], timeout: float = 120) -> tuple[int, str, str]:
-    out, err = proc.communicate(timeout=timeout)
-    return proc.returncode, out, err
+    """Wait for ``proc`` and read the rest of its output through the same buffered files that
+    ``read_lines``/``workspace_of`` read from: ``communicate()`` reads the pipes' descriptors
+    itself and drops what those files had buffered already (lines lost when output comes in
+    bursts, on a loaded machine)."""
+    import threading
+
+    got: dict[str, str] = {}
+
+    def read(name: str, f: Any) -> None:
+        got[name] = f.read() if f is not None else ""
+
+    readers = [threading.Thread(target=read, args=(n, f), daemon=True)
+               for n, f in (("out", proc.stdout), ("err", proc.stderr))]
+    for t in readers:
+        t.start()
+    deadline = time.monotonic() + timeout
+    for t in readers:
+        t.join(max(0.0, deadline - time.monotonic()))
+    if any(t.is_alive() for t in readers):
+        proc.kill()
+        raise subprocess.TimeoutExpired(proc.args, timeout)
+    proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    return proc.returncode, got["out"], got["err"]
 
 
 @pytest.fixture

@@ -66,9 +66,31 @@ def test_seed_case_moved_three_times_is_one_log(sh: Shell) -> None:
     assert [c["parent"] for c in rec["capsules"]] == [None] + [c["id"] for c in rec["capsules"][:2]]
 
 
+# SLOW with two gates: after its line 5 and its line 15 it waits for `release5` /
+# `release15`, which the test writes once its pause landed, so that the program cannot end
+# before a pause that a loaded machine delivers late.
+GATED = SLOW.replace("    time.sleep(0.05)\n", """    while i in (5, 15) and not os.path.exists(f"release{i}"):
+        time.sleep(0.01)
+    time.sleep(0.02)
+""").replace("import sys, time", "import os, sys, time")
+
+
+def _release(sh: Shell, *gates: int) -> None:
+    for g in gates:
+        (sh.dir / f"release{g}").write_text("")
+
+
+def _plain_gated(sh: Shell) -> str:
+    _release(sh, 5, 15)
+    out = sh.plain("slow.py")
+    for g in (5, 15):
+        (sh.dir / f"release{g}").unlink()
+    return out
+
+
 def test_suspend_command_then_resume_carries_on(sh: Shell) -> None:
-    sh.write("slow.py", SLOW)
-    expected = sh.plain("slow.py")
+    sh.write("slow.py", GATED)
+    expected = _plain_gated(sh)
     run = sh.start("run", "--name", "slowjob", "slow.py")
     ws = sh.workspace_of(run)
     got = sh.read_lines(run, 6)
@@ -88,6 +110,7 @@ def test_suspend_command_then_resume_carries_on(sh: Shell) -> None:
     assert ps[ws]["state"] == "suspended" and ps[ws]["last_capsule"] == cap and ps[ws]["size"] > 0
     again = sh.cli("suspend", ws)
     assert again.returncode == 2 and "is not running (suspended" in again.stderr
+    _release(sh, 5, 15)
     res = sh.cli("resume", ws)
     assert res.returncode == 0, res.stderr
     assert "".join(got) + out + res.stdout == expected
@@ -96,8 +119,8 @@ def test_suspend_command_then_resume_carries_on(sh: Shell) -> None:
 
 
 def test_sigterm_to_the_session_or_the_command_pauses(sh: Shell) -> None:
-    sh.write("slow.py", SLOW)
-    expected = sh.plain("slow.py")
+    sh.write("slow.py", GATED)
+    expected = _plain_gated(sh)
     run = sh.start("run", "slow.py")
     ws = sh.workspace_of(run)
     got = sh.read_lines(run, 4)
@@ -108,12 +131,14 @@ def test_sigterm_to_the_session_or_the_command_pauses(sh: Shell) -> None:
     assert code == 75, err
     assert "paused (SIGTERM" in err
     assert sh.show(ws)["state"] == "suspended"
+    _release(sh, 5)
     # SIGTERM to the `sojourn resume` command itself is forwarded to its session.
     res = sh.start("resume", ws)
     got2 = sh.read_lines(res, 4)
     kill(res.pid, signal.SIGTERM)
     code2, out2, err2 = finish(res)
     assert code2 == 75, err2
+    _release(sh, 15)
     final = sh.cli("resume", ws)
     assert final.returncode == 0, final.stderr
     assert "".join(got) + out + "".join(got2) + out2 + final.stdout == expected

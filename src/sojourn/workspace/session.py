@@ -599,6 +599,13 @@ def _exit_code(e: SystemExit) -> int:
 
 if __name__ == "__main__":
     rc = main()
+    # The program is over (its end is reported): a SIGTERM now has nothing to pause, and
+    # interpreter shutdown would give it back its default action, so that the session "was
+    # killed by SIGTERM" after it finished. Ignored handlers survive the shutdown.
+    import signal
+
+    for _n in HELD:
+        signal.signal(getattr(signal, _n), signal.SIG_IGN)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
