@@ -19,6 +19,7 @@ import types
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from sojourn import threads
 from sojourn.errors import Problem
 from sojourn.execution import position
 from sojourn.execution.autograd import direct_live, live_graphs, released_bindings
@@ -221,7 +222,8 @@ def rehearse_in_background(rt: Runtime, pos: Position, warn: Callable[[list[Prob
         if problems:
             warn(problems)
 
-    threading.Thread(target=waiter, name="sojourn-rehearse", daemon=True).start()
+    # Without a thread (`ulimit -v`) the child is waited for here: it must not stay a zombie.
+    threads.start_or_run(waiter, name="sojourn-rehearse")
 
 
 def rehearse_state(rt: Runtime, pos: Position) -> Callable[[], list[Problem]] | None:

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from sojourn import threads
 from sojourn.errors import Problem
 from sojourn.execution.position import CO_COROUTINE, Deferred, Refused, describe_frame
 from sojourn.execution.runtime import RUNTIME, Runtime, TransformedModule
@@ -508,7 +509,9 @@ class PauseController:
         self.rt.on_pause = self.at_check
         self.rt.on_oom = self.at_oom
         oom.RESERVE.hold(oom.reserve_size() if self.config.oom_reserve is None else self.config.oom_reserve)
-        threading.Thread(target=self._watchdog, name="sojourn-deadline", daemon=True).start()
+        if not threads.start_or_skip(self._watchdog, name="sojourn-deadline"):
+            self._log("warning: no thread for pause deadlines could be started; a pause waits for its "
+                      "statement boundary however long it takes")
         for signum, (action, deadline, on_timeout) in self.config.signals.items():
             name = signal.Signals(signum).name
 
@@ -520,8 +523,7 @@ class PauseController:
         if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
             signal.signal(signal.SIGINT, self._on_sigint)
         if self.config.scan_interval:
-            t = threading.Thread(target=self._scan_loop, name="sojourn-scan", daemon=True)
-            t.start()
+            threads.start_or_skip(self._scan_loop, name="sojourn-scan")  # an early warning: none without
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
         """Python's own ``KeyboardInterrupt``, after dropping a pause that a first Ctrl-C

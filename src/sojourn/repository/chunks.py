@@ -21,6 +21,7 @@ import blake3
 from sojourn.errors import IntegrityError, ObjectNotFound
 from sojourn.repository import zstd
 from sojourn.repository.backend import Backend
+from sojourn.threads import Executor
 
 DEFAULT_CHUNK_SIZE = 4 << 20
 _SAMPLE = 64 << 10
@@ -188,7 +189,8 @@ class ChunkStore:
     @property
     def pool(self) -> ThreadPoolExecutor:
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="sojourn-chunks")
+            # Executor: where no worker can be started (`ulimit -v`), the chunks are written inline.
+            self._pool = Executor(self.workers, thread_name_prefix="sojourn-chunks")
         return self._pool
 
     def names(self, rec: BufferRecord) -> list[str]:

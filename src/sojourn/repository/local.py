@@ -37,7 +37,6 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from sojourn.errors import (
@@ -48,6 +47,7 @@ from sojourn.errors import (
     StoreUnavailable,
 )
 from sojourn.repository.backend import KINDS, check_kind, check_name
+from sojourn.threads import Executor
 
 _SHARDED = {"chunks"}  # many objects: spread over 256 subdirectories
 _DIRECT_MIN = 1 << 20  # smaller objects (manifests, records, small chunks) gain nothing
@@ -442,7 +442,7 @@ class LocalBackend:
                 if len(level) == 1:
                     _fsync_dir(level[0])
                 else:
-                    with ThreadPoolExecutor(min(16, len(level)), thread_name_prefix="sojourn-fsync") as pool:
+                    with Executor(min(16, len(level)), thread_name_prefix="sojourn-fsync") as pool:
                         list(pool.map(_fsync_dir, level))
             except OSError as e:
                 with self._lock:  # still not durable: the next flush must try them again

@@ -16,10 +16,10 @@ must not be overwritten by the checkpoint's older copies.
 from __future__ import annotations
 
 import tempfile
-import threading
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from sojourn import threads
 from sojourn.workspace import records as R
 from sojourn.workspace.authority import reap
 from sojourn.workspace.capsules import capsule_facts, verify_capsule
@@ -34,9 +34,10 @@ if TYPE_CHECKING:
 def record_checkpoint(sup: Supervisor, msg: dict[str, Any], n: int | None) -> None:
     """The session wrote a requested checkpoint and runs on: check it and record it, in a
     thread (the pump must keep reading the program's output meanwhile)."""
-    t = threading.Thread(target=_check_and_record, args=(sup, msg, n), name="sojourn-checkpoint", daemon=True)
-    sup.background.append(t)
-    t.start()
+    # Where no thread can be started (`ulimit -v`), checked here: the output waits meanwhile.
+    t = threads.start_or_run(_check_and_record, sup, msg, n, name="sojourn-checkpoint")
+    if t is not None:
+        sup.background.append(t)
 
 
 def _check_and_record(sup: Supervisor, msg: dict[str, Any], n: int | None) -> None:

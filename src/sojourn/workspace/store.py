@@ -32,11 +32,11 @@ import os
 import re
 import threading
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from sojourn.errors import AlreadyExists, ObjectNotFound, RepositoryError
 from sojourn.repository.repo import Repository, pin
+from sojourn.threads import Executor
 from sojourn.workspace import records as R
 from sojourn.workspace.errors import AuthorityLost, WorkspaceError, WorkspaceNotFound
 from sojourn.workspace.events import Event
@@ -418,7 +418,7 @@ class WorkspaceStore:
         if local or len(wanted) < 8:
             out = [self._safe_summary(ws) for ws in wanted]
         else:
-            with ThreadPoolExecutor(32, thread_name_prefix="sojourn-ps") as pool:
+            with Executor(32, thread_name_prefix="sojourn-ps") as pool:
                 out = list(pool.map(self._safe_summary, wanted))
         return [r for r in out if r is not None]
 

@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from sojourn import notices
+from sojourn import notices, threads
 from sojourn.workspace import events as E
 from sojourn.workspace import records as R
 from sojourn.workspace.capsules import capsule_facts, child_env, verify_capsule
@@ -173,8 +173,9 @@ class Supervisor(SignalForwarding):
         old = self._install_signals()
         pump = threading.Thread(target=self._pump, name="sojourn-pump", daemon=True)
         watch = threading.Thread(target=self._watch, name="sojourn-watch", daemon=True)
-        pump.start()
-        watch.start()
+        for t in (pump, watch):  # at start: a small stack where the default one is refused
+            if threads.start(t) is None:
+                raise RuntimeError(f"{t.name}: can't start new thread")
         if self.committed:  # a move's destination starts it once it holds the workspace
             self.start_watchdog()
         try:
@@ -437,8 +438,9 @@ class Supervisor(SignalForwarding):
     # -- the hard stop (issue 4, machines) ----------------------------------------------
 
     def start_watchdog(self) -> None:
-        if self.spec.hard_stop:
-            threading.Thread(target=self._watchdog, name="sojourn-watchdog", daemon=True).start()
+        if self.spec.hard_stop and not threads.start_or_skip(self._watchdog, name="sojourn-watchdog"):
+            print("sojourn: warning: no thread for the hard stop could be started; it is not enforced",
+                  file=sys.stderr, flush=True)
 
     def _watchdog(self) -> None:
         """At the hard stop, ask the session to pause (it ends suspended); if no pause could

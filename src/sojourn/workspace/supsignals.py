@@ -18,6 +18,7 @@ import threading
 import time
 from typing import Any
 
+from sojourn import threads
 from sojourn.workspace import held
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
@@ -111,8 +112,8 @@ class SignalForwarding:
         self._control({"op": "pause", "reason": "interrupt", "deadline": None, "action": "exit",
                        "on_timeout": "continue"})
         # Recorded from a thread: a signal handler must not wait on the repository.
-        threading.Thread(target=self._record_request, args=("interrupt", "Ctrl-C"), name="sojourn-interrupt",
-                         daemon=True).start()
+        # Without a thread (`ulimit -v`) it goes unrecorded: the pause itself is asked already.
+        threads.start_or_skip(self._record_request, "interrupt", "Ctrl-C", name="sojourn-interrupt")
 
     def _record_request(self, kind: str, by: str) -> None:
         try:
