@@ -35,6 +35,7 @@ from sojourn.capsule.pickler import (
     CapsulePickler,
     CaptureContext,
     DeepCapsulePickler,
+    NoDeepStack,
     deeply,
 )
 from sojourn.capsule.reducers.matplotlib import pyplot_state
@@ -200,6 +201,12 @@ def capture_namespace(
             waiting.clear()
             pickled = deeply(pickle_namespace, namespace, workspace=workspace, extra=extra,
                              on_variable=write_early, paths=paths, deep=True)
+    except NoDeepStack:
+        _wait_quietly(pending)
+        raise CaptureError("the namespace holds objects nested deeper than this thread's stack, and no thread "
+                           "with a deeper one could be started (an address-space limit such as `ulimit -v`?); "
+                           "nothing was written. Raise the limit, or flatten deep structures (nodes in a list, "
+                           "links by index) before the pause", []) from None
     except RecursionError:
         _wait_quietly(pending)
         raise CaptureError(f"the namespace holds objects nested deeper than sojourn can pickle (about "

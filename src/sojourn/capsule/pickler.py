@@ -251,9 +251,14 @@ _C_FIRST = {type(None), bool, int, float, bytes, bytearray, str, tuple, list, di
 # node). The limit keeps 2 KiB of stack a level: what a recursion through C code (a
 # __getattribute__ that calls getattr) takes on 3.11, so a runaway recursion is a
 # RecursionError, not a crash. The stack is reserved address space, touched only as deep as
-# the walk goes; where the system refuses that much, a smaller one with a limit to match.
-DEEP_STACKS = (2 << 30, 256 << 20)
+# the walk goes; where the system refuses that much (`ulimit -v`), a smaller one with a limit
+# to match.
+DEEP_STACKS = (2 << 30, 256 << 20, 32 << 20)
 BYTES_PER_LEVEL = 2048
+
+
+class NoDeepStack(RecursionError):
+    """No thread with a stack deeper than the caller's could be started."""
 
 
 def deeply(fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -286,7 +291,7 @@ def deeply(fn: Any, *args: Any, **kwargs: Any) -> Any:
         finally:
             threading.stack_size(old_stack)
     if t is None:
-        raise RecursionError("no thread with a stack deep enough could be started")
+        raise NoDeepStack("no thread with a stack deep enough could be started")
     try:
         t.join()
     finally:

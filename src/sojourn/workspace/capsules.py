@@ -8,6 +8,7 @@ import os
 import subprocess
 from typing import Any
 
+from sojourn import threads
 from sojourn.repository.repo import Repository
 
 
@@ -26,7 +27,8 @@ def child_env() -> dict[str, str]:
     src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     if "site-packages" not in src and "dist-packages" not in src:
         env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return env
+    # Under `ulimit -v`: few malloc arenas, so that sojourn's threads leave the limit to the program.
+    return threads.session_env(env)
 
 
 def verify_capsule(repo_url: str, capsule: str, *, python: str, cwd: str, timeout: float = 600.0,
