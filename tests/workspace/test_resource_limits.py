@@ -1,0 +1,130 @@
+"""Under an address-space limit (`ulimit -v`, common on shared clusters) as tight as the
+program itself can live with, a pause lands and resumes: no thread that a capture, the write
+check or the supervisor needs at pause time is allowed to cost the capsule.
+
+The limit is set on real processes (``RLIMIT_AS`` in a preexec_fn, inherited by the session
+and the write check) and chosen by first measuring: the program's own VmPeak and the
+supervisor's under a generous limit, plus a margin for the capture's buffers. Before
+sojourn.threads, a pause at such a limit was refused with "can't start new thread" (the chunk
+writers' 8 MiB stacks) and the program ran on unpaused.
+"""
+
+from __future__ import annotations
+
+import resource
+import signal
+import subprocess
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.workspace.conftest import Shell, finish, kill
+
+# The capture's own working memory: the pickled state and a compressed chunk or two in flight.
+MARGIN = 32 << 20
+GENEROUS = 2 << 30
+
+JOB = """
+import hashlib, sys, time
+blob = bytearray(hashlib.sha256(str(i).encode()).digest()[i % 32] for i in range(4 << 20))
+rows = [(i, str(i) * 3) for i in range(50000)]
+steps = int(sys.argv[1])
+total = 0
+for i in range(steps):
+    total += rows[i * 7][0] + blob[i * 1000]
+    time.sleep(0.05)
+    if i == 5:
+        print("started", flush=True)
+    if i == 10:
+        peak = open("/proc/self/status").read().split("VmPeak:")[1].split()[0]
+        print("peak", peak, file=sys.stderr, flush=True)
+    if i % 50 == 0:
+        print("step", i, total, flush=True)
+print("done", total, hashlib.sha256(blob).hexdigest()[:16], len(rows))
+"""
+
+
+def _limit(nbytes: int) -> Callable[[], None]:
+    def pre() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (nbytes, nbytes))
+
+    return pre
+
+
+def _start(sh: Shell, limit: int, *args: str) -> subprocess.Popen[str]:
+    p = subprocess.Popen(sh.cmd(*args), cwd=sh.dir, env=sh.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, preexec_fn=_limit(limit))
+    sh.procs.append(p)
+    return p
+
+
+def _cli(sh: Shell, limit: int, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(sh.cmd(*args), cwd=sh.dir, env=sh.env, capture_output=True, text=True, timeout=timeout,
+                          preexec_fn=_limit(limit))
+
+
+def _vm_peak(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return int(f.read().split("VmPeak:")[1].split()[0]) << 10
+
+
+def _read_err_until(proc: subprocess.Popen[str], prefix: str) -> str:
+    assert proc.stderr is not None
+    seen = ""
+    while True:
+        line = proc.stderr.readline()
+        assert line, f"the run ended before printing {prefix!r}:\n{seen}"
+        seen += line
+        if line.startswith(prefix):
+            return line
+
+
+def _tight_limit(sh: Shell) -> int:
+    """The program's VmPeak (in its session) or the supervisor's, whichever is larger, under
+    a generous limit (where sessions get their few malloc arenas too), plus the margin."""
+    run = _start(sh, GENEROUS, "run", "--name", "measure", "job.py", "12")
+    sh.workspace_of(run)
+    program = int(_read_err_until(run, "peak").split()[1]) << 10
+    supervisor = _vm_peak(run.pid)
+    code, _, err = finish(run)
+    assert code == 0, err
+    return max(program, supervisor) + MARGIN
+
+
+def _pause_and_resume(sh: Shell, limit: int, stop: Callable[[subprocess.Popen[str], str], Any]) -> str:
+    expected = sh.plain("job.py", "160")
+    run = _start(sh, limit, "run", "--name", "limited", "job.py", "160")
+    ws = sh.workspace_of(run)
+    got = sh.read_lines(run, 2)
+    assert got[-1] == "started\n", got
+    stop(run, ws)
+    code, out, err = finish(run)
+    assert code == 75, err
+    assert "can't start new thread" not in err and "pause refused" not in err, err
+    assert sh.show(ws)["state"] == "suspended"
+    res = _cli(sh, limit, "resume", ws)  # a fresh interpreter, under the same limit
+    assert res.returncode == 0, res.stderr
+    assert "".join(got) + out + res.stdout == expected
+    return err
+
+
+@pytest.mark.slow
+def test_suspend_lands_under_a_tight_address_space_limit(sh: Shell) -> None:
+    sh.write("job.py", JOB, prelude=False)
+    limit = _tight_limit(sh)
+
+    def suspend(run: subprocess.Popen[str], ws: str) -> None:
+        sus = _cli(sh, limit, "suspend", ws)
+        assert sus.returncode == 0, sus.stderr
+        assert "checked" in sus.stderr, sus.stderr
+
+    _pause_and_resume(sh, limit, suspend)
+
+
+@pytest.mark.slow
+def test_sigterm_lands_under_a_tight_address_space_limit(sh: Shell) -> None:
+    sh.write("job.py", JOB, prelude=False)
+    limit = _tight_limit(sh)
+    err = _pause_and_resume(sh, limit, lambda run, ws: kill(sh.session_pid(ws), signal.SIGTERM))
+    assert "paused (SIGTERM" in err
