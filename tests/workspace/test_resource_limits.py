@@ -14,6 +14,7 @@ from __future__ import annotations
 import resource
 import signal
 import subprocess
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -128,3 +129,35 @@ def test_sigterm_lands_under_a_tight_address_space_limit(sh: Shell) -> None:
     limit = _tight_limit(sh)
     err = _pause_and_resume(sh, limit, lambda run, ws: kill(sh.session_pid(ws), signal.SIGTERM))
     assert "paused (SIGTERM" in err
+
+
+NO_ROOM = """
+import resource, sys, threading
+from sojourn.threads import Executor, start_or_run
+junk = [bytearray(100) for _ in range(20000)]; del junk  # room in the heap for what follows
+vm = int(open("/proc/self/status").read().split("VmSize:")[1].split()[0]) << 10
+resource.setrlimit(resource.RLIMIT_AS, (vm + int(sys.argv[1]), resource.RLIM_INFINITY))
+ran = []
+t = start_or_run(lambda: ran.append(threading.current_thread().name), name="sojourn-test")
+if t is not None:
+    t.join()
+with Executor(4, thread_name_prefix="sojourn-chunks") as pool:
+    # A job that submits more, like a buffer's chunks: inline it must not deadlock.
+    outer = [pool.submit(lambda i=i: [pool.submit(pow, i, 2) for _ in range(3)]) for i in range(5)]
+    inner = [f.result() for o in outer for f in o.result()]
+print(ran[0], sum(inner), len(pool._threads))
+"""
+
+
+@pytest.mark.parametrize(("room", "where", "workers"), [(0, "MainThread", 0), (4 << 20, "sojourn-test", 4)])
+def test_work_is_done_where_no_thread_can_start(room: int, where: str, workers: int) -> None:
+    """In a real process whose address space has no room left for a thread (0) or only for
+    small stacks (4 MiB): the work is done inline, or on 512 KiB stacks; said once."""
+    from tests.conftest import SRC
+
+    env = {"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"}
+    p = subprocess.run([sys.executable, "-c", NO_ROOM, str(room)], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == [where, str(3 * sum(i * i for i in range(5))), str(workers)]
+    assert p.stderr.count("a thread could not be started") == (1 if workers == 0 else 0), p.stderr
