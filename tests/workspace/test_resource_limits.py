@@ -161,3 +161,35 @@ def test_work_is_done_where_no_thread_can_start(room: int, where: str, workers: 
     assert p.returncode == 0, p.stderr
     assert p.stdout.split() == [where, str(3 * sum(i * i for i in range(5))), str(workers)]
     assert p.stderr.count("a thread could not be started") == (1 if workers == 0 else 0), p.stderr
+
+
+OOM = """
+import hashlib, sys, time
+blob = bytearray(hashlib.sha256(str(i).encode()).digest()[i % 32] for i in range(4 << 20))
+big = int(sys.argv[1])
+parts = []
+for i in range(6):
+    print("step", i, flush=True)
+    parts.append(bytearray(big if i == 3 else 1000))
+print("done", sum(len(p) for p in parts), hashlib.sha256(blob).hexdigest()[:16])
+"""
+
+
+@pytest.mark.slow
+def test_out_of_memory_under_a_tight_address_space_limit_keeps_a_capsule(sh: Shell) -> None:
+    """The program's own allocation fails under the limit: the capsule positioned before it
+    is written (no thread needed for it) and resumes, without the limit, to the end."""
+    sh.write("job.py", JOB, prelude=False)
+    limit = _tight_limit(sh)
+    sh.write("oom.py", OOM, prelude=False)
+    expected = sh.plain("oom.py", str(limit))
+    run = _start(sh, limit, "run", "--name", "oom", "oom.py", str(limit))
+    ws = sh.workspace_of(run)
+    code, out, err = finish(run)
+    assert code == 77, err
+    assert "can't start new thread" not in err and "no capsule was written" not in err, err
+    assert out == "step 0\nstep 1\nstep 2\nstep 3\n"
+    assert sh.show(ws)["state"] == "suspended"
+    res = sh.cli("resume", ws, timeout=180)
+    assert res.returncode == 0, res.stderr
+    assert out + res.stdout == expected
