@@ -46,6 +46,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from sojourn import threads
 from sojourn.errors import AlreadyExists, ObjectNotFound, RepositoryError
 from sojourn.procs import alive, boot_id, hostname, me
 from sojourn.repository.backend import Backend
@@ -171,14 +172,11 @@ class HeldLock:
         self._thread: threading.Thread | None = None
 
     def start_refreshing(self) -> None:
-        t = threading.Thread(target=self._refresh_loop, name=f"sojourn-lock-{self.name}", daemon=True)
-        try:
-            t.start()
-        except RuntimeError:
-            # No room for a thread (after an out-of-memory error): the lock then only goes
-            # stale if this hold outlasts stale_after, which a capture normally does not.
-            return
-        self._thread = t
+        # No room for a thread even with a small stack (after an out-of-memory error, under
+        # `ulimit -v`): the lock then only goes stale if this hold outlasts stale_after,
+        # which a capture normally does not.
+        self._thread = threads.start(threading.Thread(target=self._refresh_loop, name=f"sojourn-lock-{self.name}",
+                                                      daemon=True))
 
     def _refresh_loop(self) -> None:
         while not self._stop.wait(_refresh_interval()):

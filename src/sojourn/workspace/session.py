@@ -259,7 +259,11 @@ class Channel:
 
     def start(self) -> None:
         if self.control_fd is not None:
-            threading.Thread(target=self._control_loop, name="sojourn-control", daemon=True).start()
+            from sojourn import threads
+
+            # At start; a small stack where the default one is refused (`ulimit -v`).
+            if threads.start(threading.Thread(target=self._control_loop, name="sojourn-control", daemon=True)) is None:
+                raise RuntimeError("sojourn-control: can't start new thread")
 
     def _control_loop(self) -> None:
         assert self.control_fd is not None
@@ -464,7 +468,10 @@ def main(argv: list[str] | None = None) -> int:
              "arch": platform.machine(), "platform": sys.platform})
     ch.start()
     if ns.cmd != "incoming":
-        threading.Thread(target=serve_held, args=(ch,), name="sojourn-held", daemon=True).start()
+        from sojourn import threads
+
+        if threads.start(threading.Thread(target=serve_held, args=(ch,), name="sojourn-held", daemon=True)) is None:
+            raise RuntimeError("sojourn-held: can't start new thread")
     else:
         for n in HELD:  # a move's destination: signals act as before its engine starts
             held.release(getattr(signal, n))
