@@ -60,16 +60,19 @@ def _bm(name: str, args: tuple[str, ...], note: str = "", **kw: object) -> Progr
     )
 
 
+# Sizes: about 3 s of CPU each. A request takes a few hundred ms to reach the session (the
+# `sojourn suspend` command starts an interpreter); at ~1 s, a pause asked for in a program's
+# last half often came after its end ("missed").
 PROGRAMS: list[Program] = [
-    _bm("nbody", ("--loops", "14", "--iterations", "20000", "--check", "report_energy()", "--check", "SYSTEM[1]"),
+    _bm("nbody", ("--loops", "42", "--iterations", "20000", "--check", "report_energy()", "--check", "SYSTEM[1]"),
         "Its module-level functions take globals as default arguments (def advance(dt, n, bodies=SYSTEM, ...))."),
-    _bm("richards", ("--loops", "24", "--check", "(taskWorkArea.holdCount, taskWorkArea.qpktCount)")),
-    _bm("deltablue", ("--loops", "240", "--check", "planner.current_mark")),
-    _bm("go", ("--loops", "8",), "versus_cpu() seeds random itself (random.seed(1))."),
-    _bm("raytrace", ("--loops", "4", "--filename", "raytrace.ppm"), "The picture it writes is compared.",
+    _bm("richards", ("--loops", "72", "--check", "(taskWorkArea.holdCount, taskWorkArea.qpktCount)")),
+    _bm("deltablue", ("--loops", "720", "--check", "planner.current_mark")),
+    _bm("go", ("--loops", "24",), "versus_cpu() seeds random itself (random.seed(1))."),
+    _bm("raytrace", ("--loops", "12", "--filename", "raytrace.ppm"), "The picture it writes is compared.",
         outputs=("raytrace.ppm",)),
-    _bm("hexiom", ("--loops", "120", "--level", "25"), "It checks its own solution against the expected one."),
-    _bm("chaos", ("--loops", "1", "--iterations", "60000", "--filename", "chaos.ppm"),
+    _bm("hexiom", ("--loops", "360", "--level", "25"), "It checks its own solution against the expected one."),
+    _bm("chaos", ("--loops", "1", "--iterations", "180000", "--filename", "chaos.ppm"),
         "It seeds random itself (--rng-seed, default 1234); the picture it writes is compared.",
         outputs=("chaos.ppm",)),
 ]
