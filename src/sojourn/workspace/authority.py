@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import os
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from sojourn.capsule import format as fmt
+from sojourn.threads import Executor
 from sojourn.workspace import events as E
 from sojourn.workspace import records as R
 from sojourn.workspace.capsules import capsule_facts, record_python, verify_capsule
@@ -121,7 +121,7 @@ def unrecorded_capsule(store: WorkspaceStore, rec: R.WorkspaceRecord, a: R.Alloc
         return m
 
     unread = [n for n in names if n not in labels]
-    with ThreadPoolExecutor(max_workers=16) as pool:  # S3 answers one manifest at a time
+    with Executor(max_workers=16) as pool:  # S3 answers one manifest at a time
         read = {m.id: m for m in pool.map(load, unread) if m is not None}
     found: dict[str, fmt.Manifest] = {}
     for cap in names:

@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from sojourn.errors import IntegrityError, ObjectNotFound, RepositoryError
 from sojourn.repository.locks import HeldLock, LockInfo, take_gc_lock
+from sojourn.threads import Executor
 from sojourn.workspace.errors import WorkspaceError
 from sojourn.workspace.history import Inventory
 from sojourn.workspace.store import WorkspaceStore
@@ -190,7 +190,7 @@ def _sweep(store: WorkspaceStore, lock: HeldLock, garbage: list[str]) -> int:
 
     freed = 0
     local = type(backend).__name__ in ("LocalBackend", "MemoryBackend")
-    with ThreadPoolExecutor(1 if local else 16, thread_name_prefix="sojourn-gc") as pool:
+    with Executor(1 if local else 16, thread_name_prefix="sojourn-gc") as pool:
         for i in range(0, len(garbage), _BATCH):
             _check(lock)  # a gc whose lock was taken over stops between batches
             freed += sum(pool.map(remove, garbage[i : i + _BATCH]))
