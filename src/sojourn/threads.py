@@ -31,7 +31,7 @@ def refused_once(what: str) -> None:
         return
     _said.set()
     print(f"sojourn: a thread could not be started ({what}; an address-space limit such as `ulimit -v`?): "
-          "doing that work on the calling thread instead, which is slower but loses nothing",
+          "work that must be done is done on the calling thread (slower), background watchers are left out",
           file=sys.stderr, flush=True)
 
 
