@@ -131,6 +131,15 @@ def limited() -> bool:
     return soft != resource.RLIM_INFINITY
 
 
+def lift_soft_limit() -> None:
+    """Raise this process's soft address-space limit to its hard one (a preexec_fn)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_AS, (hard, hard))
+
+
 def session_env(env: dict[str, str]) -> dict[str, str]:
     """The environment of a session started under an address-space limit: few malloc arenas
     (glibc reserves 64 MiB of address space for each thread's own arena; two leave the limit

@@ -197,3 +197,38 @@ def test_out_of_memory_under_a_tight_address_space_limit_keeps_a_capsule(sh: She
     res = sh.cli("resume", ws, timeout=180)
     assert res.returncode == 0, res.stderr
     assert out + res.stdout == expected
+
+
+FILL = """
+import numpy as np
+parts = []
+for i in range(400):
+    parts.append(np.full(1 << 17, i, dtype=np.int64))  # 1 MiB each
+    if i % 50 == 0:
+        print("step", i, flush=True)
+print("done", len(parts), int(sum(int(p[0]) for p in parts)))
+"""
+
+
+def test_a_program_that_fills_a_soft_address_space_limit_keeps_its_capsule(sh: Shell) -> None:
+    """A program filling memory up to a soft RLIMIT_AS (hard: unlimited) runs out of memory:
+    the capsule is written, and its write check, a fresh interpreter that restores all of that
+    state, runs with the hard limit (under the soft one it failed with MemoryError, and the
+    workspace ended `failed` with nothing to resume). Resumed without the limit, it completes."""
+    pytest.importorskip("numpy")
+    sh.write("fill.py", FILL, prelude=False)
+    expected = sh.plain("fill.py")
+    limit = 350 << 20
+    p = subprocess.Popen(sh.cmd("run", "--name", "fill", "fill.py"), cwd=sh.dir, env=sh.env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, resource.RLIM_INFINITY)))
+    sh.procs.append(p)
+    ws = sh.workspace_of(p)
+    code, out, err = finish(p)
+    assert code == 77, err
+    assert "failed its write check" not in err and "ran out of memory at" in err, err
+    assert sh.show(ws)["state"] == "suspended"
+    assert "done" not in out
+    res = sh.cli("resume", ws, timeout=180)
+    assert res.returncode == 0, res.stderr
+    assert out + res.stdout == expected

@@ -41,8 +41,10 @@ def verify_capsule(repo_url: str, capsule: str, *, python: str, cwd: str, timeou
     cmd = [python, "-m", "sojourn.execution", "--repo", repo_url, "check", capsule]
     for attempt in range(3):
         try:
+            # The check restores all of the program's state next to a program that may still
+            # hold it: under a soft address-space limit it runs with the hard one.
             proc = subprocess.run(cmd, cwd=cwd, env=child_env(), capture_output=True, text=True, timeout=timeout,
-                                  stdin=subprocess.DEVNULL)
+                                  stdin=subprocess.DEVNULL, preexec_fn=threads.lift_soft_limit)
         except subprocess.TimeoutExpired:
             if raise_timeout:
                 raise TimeoutError(f"the check did not finish within {timeout:.0f} s") from None
