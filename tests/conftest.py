@@ -124,6 +124,17 @@ SLOW_PARTS = (
     "workspace/test_campaign.py",
     "workspace/test_faults.py",
     "workspace/test_faults_orphan.py",
+    # torch training, OOM and autograd sessions, notices and live moves: 10-35 s each
+    "capsule/test_torch.py",
+    "execution/test_autograd.py",
+    "execution/test_oom.py",
+    "execution/test_training.py",
+    "notices/test_preemption.py",
+    "router/test_policy_integration.py",
+    "workspace/test_machines.py",
+    "workspace/test_move.py",
+    "workspace/test_oom_policy.py",
+    "workspace/test_resource_limits.py",
 )
 
 
