@@ -36,6 +36,7 @@ import weakref
 from typing import Any
 
 from sojourn.capsule.reducers import code as code_reducers
+from sojourn.capsule.reducers.code_library import abc_registered
 from sojourn.capsule.registry import register
 from sojourn.execution import cells as notebook_cells
 from sojourn.execution.position import FrameRecord, Position, frame_locals, span_at
@@ -239,7 +240,7 @@ def _class_state(cls: type) -> dict[str, Any]:
         return {}
     data = {}
     defaults = {}
-    registered = _abc_registered(cls)
+    registered = abc_registered(cls)
     for k, v in vars(cls).items():
         if k == "_abc_impl":
             continue  # its registrations travel as "registered"
@@ -253,21 +254,6 @@ def _class_state(cls: type) -> dict[str, Any]:
             continue
         data[k] = v
     return {k: v for k, v in (("data", data), ("defaults", defaults), ("registered", registered)) if v}
-
-
-def _abc_registered(cls: type) -> list[type]:
-    """The classes registered as virtual subclasses of an abstract class (``Base.register(tuple)``),
-    in a stable order."""
-    if "_abc_impl" not in vars(cls):
-        return []
-    import abc
-
-    try:
-        refs = abc._get_dump(cls)[0]  # type: ignore[attr-defined]
-    except (AttributeError, TypeError):
-        return []
-    found = [r() for r in refs]
-    return sorted((c for c in found if isinstance(c, type)), key=lambda c: (c.__module__, c.__qualname__, id(c)))
 
 
 def _class_setstate(cls: type, state: dict[str, Any]) -> None:
