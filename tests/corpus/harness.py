@@ -15,10 +15,11 @@ to the ``sojourn run``/``resume`` command). What is counted, per program:
 * landed: the command exited 75 with a checked capsule, and the workspace was suspended;
 * refused: the program was told no and kept running (the messages are kept);
 * late: the request reached the program after its last statement had begun (the program says
-  so as it ends: "it reached no statement of its own after the request"), or never reached it
-  before the end; no tool could land it, so it is left out of the share that landed;
-* missed: the program reached statements of its own after the request and ended without the
-  pause landing (not a refusal: nothing said no, but something should have);
+  so as it ends: "it reached no statement of its own after the request"); no tool could land
+  it, so it is left out of the share that landed;
+* missed: the program ended without the pause landing, although it reached statements of its
+  own after the request, or without ever hearing of the request (not a refusal: nothing said
+  no, but something should have);
 * failed: the pause ended the process without a checked capsule (exit 76, a failed write
   check), or a resume was refused (then the job carries on from the same capsule on the first
   interpreter); the job is *lost* when nothing is left to resume from, or the resumed
@@ -437,13 +438,15 @@ def run_program(prog: Program, base: Path, cache: Path, seed: int, pauses: int,
                 continue
             if rc == 0:
                 ended = _ended(sess.stderr())
-                if ended is None or "came too late" in ended:
+                said = ((sus.stdout + sus.stderr).strip().replace("\n", " | ") if sus else "")
+                said = f" (suspend said: {said[-400:]})" if said else ""
+                if ended is not None and "came too late" in ended:
                     out.late += 1
-                    out.notes.append(f"pause {i + 1} ({ways[i]}) late: "
-                                     + (ended or "the request never reached the program before it ended"))
-                else:
+                    out.notes.append(f"pause {i + 1} ({ways[i]}) late: {ended}{said}")
+                else:  # the program never heard of it, or heard and did not land it
                     out.missed += 1
-                    out.notes.append(f"pause {i + 1} ({ways[i]}) missed: {ended}")
+                    out.notes.append(f"pause {i + 1} ({ways[i]}) missed: "
+                                     f"{ended or 'the request never reached the program before it ended'}{said}")
                 break
             # Anything else ended the process without a checked capsule.
             rec = _show(env, work, ws)
