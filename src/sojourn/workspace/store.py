@@ -208,6 +208,10 @@ class WorkspaceStore:
                 head = self._probe_head(ws)
             seq, link, signed = head
             try:
+                # A directory swapped for another repository takes writes without an error:
+                # an event written there is lost once the real one is back, and the log has
+                # a hole that refuses the whole record. So look before every append.
+                self.repo.check_identity()
                 self._append(ws, epoch, by, events, seqs, [seq, link, signed])
             except RepositoryError as e:
                 # What was written stays written: say how much, so that a caller that keeps
