@@ -122,6 +122,8 @@ SLOW_PARTS = (
     "repository/test_s3.py",
     "repository/test_store_faults.py",
     "workspace/test_campaign.py",
+    "workspace/test_store_campaign.py",
+    "workspace/test_tampering_authority.py",
     "workspace/test_faults.py",
     "workspace/test_faults_orphan.py",
     # torch training, OOM and autograd sessions, notices and live moves: 10-35 s each

@@ -7,6 +7,7 @@ from __future__ import annotations
 import select
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 
 SLOW_DOWN = (
@@ -21,7 +22,8 @@ SLOW_DOWN_BODY = (
 @dataclass
 class FaultProxy:
     target: tuple[str, int]
-    mode: str = "up"  # "up", "down" (drop every connection), "slowdown" (answer 503)
+    mode: str = "up"  # "up", "down" (drop every connection), "slowdown" (answer 503), "slow" (a slow link)
+    delay: float = 0.05  # "slow": seconds added to every piece forwarded
     dropped: int = 0
     refused: int = 0
     _sock: socket.socket | None = field(default=None, repr=False)
@@ -102,7 +104,7 @@ class FaultProxy:
         socks = [a, b]
         while not self._stop.is_set():
             ready, _, _ = select.select(socks, [], [], 0.2)
-            if self.mode != "up":
+            if self.mode not in ("up", "slow"):
                 return  # a fault cuts connections already open too (a client's pooled one)
             for s in ready:
                 try:
@@ -111,4 +113,6 @@ class FaultProxy:
                     return
                 if not data:
                     return
+                if self.mode == "slow":
+                    time.sleep(self.delay)
                 (b if s is a else a).sendall(data)

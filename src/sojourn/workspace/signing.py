@@ -33,6 +33,10 @@ EVENT_DOMAIN = b"sojourn.event.v2\0"
 META_DOMAIN = b"sojourn.meta.v2\0"
 SUMMARY_DOMAIN = b"sojourn.summary.v2\0"
 CONFIG_DOMAIN = b"sojourn.config.v1\0"
+# The authority (locks/epoch.*) and pause requests: a planted epoch would make a running
+# supervisor kill its program as taken over; a planted request would pause or move it.
+LOCK_DOMAIN = b"sojourn.lock.v1\0"
+REQUEST_DOMAIN = b"sojourn.request.v1\0"
 SIGNATURE_LINE = "# sojourn-signature: v1 "
 
 

@@ -30,6 +30,7 @@ import hmac
 import json
 import os
 import re
+import sys
 import threading
 from collections.abc import Iterable
 from typing import Any
@@ -42,7 +43,9 @@ from sojourn.workspace.errors import AuthorityLost, WorkspaceError, WorkspaceNot
 from sojourn.workspace.events import Event
 from sojourn.workspace.signing import (
     EVENT_DOMAIN,
+    LOCK_DOMAIN,
     META_DOMAIN,
+    REQUEST_DOMAIN,
     SUMMARY_DOMAIN,
     RecordKey,
     RecordTampered,
@@ -106,6 +109,7 @@ class WorkspaceStore:
         self._links: dict[tuple[str, int], tuple[str, bool]] = {}  # checked events: link, signed so far
         self._metas: dict[str, tuple[dict[str, Any], bool]] = {}  # meta objects are immutable
         self._records: dict[str, R.WorkspaceRecord] = {}  # the last fold, per workspace (record())
+        self._planted: set[tuple[str, int]] = set()  # planted epochs already reported
 
     # -- creation and names ----------------------------------------------------------------
 
@@ -208,6 +212,10 @@ class WorkspaceStore:
                 head = self._probe_head(ws)
             seq, link, signed = head
             try:
+                # A directory swapped for another repository takes writes without an error:
+                # an event written there is lost once the real one is back, and the log has
+                # a hole that refuses the whole record. So look before every append.
+                self.repo.check_identity()
                 self._append(ws, epoch, by, events, seqs, [seq, link, signed])
             except RepositoryError as e:
                 # What was written stays written: say how much, so that a caller that keeps
@@ -431,28 +439,51 @@ class WorkspaceStore:
     # -- authority -------------------------------------------------------------------------
 
     def epoch(self, ws: str, hint: int = 0) -> tuple[int, dict[str, Any] | None]:
-        """The current epoch (the highest ``epoch.<ws>.<n>`` object) and its content."""
+        """The current epoch (the highest genuine ``epoch.<ws>.<n>`` object) and its content."""
         n, doc = hint, None
         while True:
             try:
                 raw = self.backend.load("locks", epoch_name(ws, n + 1))
             except ObjectNotFound:
                 break
-            n += 1
-            doc = _load(raw, f"epoch {n} of {ws}")
+            nxt = _load(raw, f"epoch {n + 1} of {ws}")
+            if not self._genuine(ws, n + 1, nxt, LOCK_DOMAIN, "epoch"):
+                break  # planted: it takes nothing (acquire says so)
+            n, doc = n + 1, nxt
         if doc is None and n > 0:
             doc = _load(self.backend.load("locks", epoch_name(ws, n)), f"epoch {n} of {ws}")
         return n, doc
 
+    def _genuine(self, ws: str, n: int, doc: dict[str, Any], domain: bytes, field: str) -> bool:
+        """Whether a lock or request object was written with the repository key for ``ws``
+        and number ``n``; an unsigned one counts only in a workspace whose log is unsigned
+        (records format 1, written before these were signed)."""
+        if "mac" in doc:
+            return self.key.valid(domain, doc) and doc.get("workspace") == ws and doc.get(field) == n
+        try:
+            return not self.meta_signed(ws)
+        except WorkspaceError:
+            return True  # no readable meta: nothing to tell a planted object by; as before
+
     def acquire(self, ws: str, expected: int, holder: str, **info: Any) -> int:
         """Compare-and-swap the authority from epoch ``expected`` to ``expected + 1`` held by
         ``holder``. Exactly one of any number of concurrent callers wins; the others get
-        :class:`AuthorityLost` naming the winner."""
+        :class:`AuthorityLost` naming the winner. The epoch object is signed: one planted
+        without the key takes nothing, and is refused here with what to remove."""
         new = expected + 1
-        doc = {"workspace": ws, "epoch": new, "holder": holder, "t": R.now(), **info}
+        doc = self.key.sign(LOCK_DOMAIN, {"workspace": ws, "epoch": new, "holder": holder, "t": R.now(), **info})
         try:
             self.backend.save("locks", epoch_name(ws, new), _dump(doc), exclusive=True)
         except AlreadyExists:
+            try:
+                won = _load(self.backend.load("locks", epoch_name(ws, new)), f"epoch {new} of {ws}")
+            except ObjectNotFound:
+                won = None
+            if won is not None and not self._genuine(ws, new, won, LOCK_DOMAIN, "epoch"):
+                raise RecordTampered(
+                    f"locks/{epoch_name(ws, new)} in {self.repo.url} was not written with the repository key "
+                    "(planted by someone who can write the repository); nothing was run. Remove that object "
+                    "and try again") from None
             current, won = self.epoch(ws, expected)
             who = (won or {}).get("holder")
             raise AuthorityLost(f"workspace {ws} was taken by {who} (epoch {current}) while this "
@@ -461,8 +492,20 @@ class WorkspaceStore:
         return new
 
     def holds(self, ws: str, epoch: int) -> bool:
-        """Whether ``epoch`` is still the current one (no one created the next)."""
-        return self.backend.stat("locks", epoch_name(ws, epoch + 1)) is None
+        """Whether ``epoch`` is still the current one (no one created the next, with the key)."""
+        if self.backend.stat("locks", epoch_name(ws, epoch + 1)) is None:
+            return True
+        try:
+            nxt = _load(self.backend.load("locks", epoch_name(ws, epoch + 1)), f"epoch {epoch + 1} of {ws}")
+        except ObjectNotFound:
+            return True
+        if self._genuine(ws, epoch + 1, nxt, LOCK_DOMAIN, "epoch"):
+            return False
+        if (ws, epoch + 1) not in self._planted:
+            self._planted.add((ws, epoch + 1))
+            print(f"sojourn: ignored locks/{epoch_name(ws, epoch + 1)}: not written with the repository key "
+                  "(planted); the program keeps running. Remove that object", file=sys.stderr)
+        return True
 
     # -- pause requests --------------------------------------------------------------------
 
@@ -471,14 +514,23 @@ class WorkspaceStore:
         n = 1
         while True:
             try:
-                self.backend.save(KIND, request_name(ws, epoch, n), _dump({**doc, "n": n}), exclusive=True)
+                signed = self.key.sign(REQUEST_DOMAIN, {**doc, "n": n, "workspace": ws, "epoch": epoch})
+                self.backend.save(KIND, request_name(ws, epoch, n), _dump(signed), exclusive=True)
                 self.backend.flush()
                 return n
             except AlreadyExists:
                 n += 1
 
     def poll_request(self, ws: str, epoch: int, n: int) -> dict[str, Any] | None:
+        """Request ``n``; one written without the repository key comes back as
+        ``{"kind": "planted"}``, to be skipped (it pauses or moves nothing)."""
         try:
-            return _load(self.backend.load(KIND, request_name(ws, epoch, n)), f"request {n} of {ws}")
+            doc = _load(self.backend.load(KIND, request_name(ws, epoch, n)), f"request {n} of {ws}")
         except ObjectNotFound:
             return None
+        if "mac" in doc:
+            ok = self.key.valid(REQUEST_DOMAIN, doc) and doc.get("workspace") == ws and doc.get("n") == n \
+                and doc.get("epoch") == epoch
+        else:
+            ok = self._genuine(ws, n, doc, REQUEST_DOMAIN, "n")
+        return doc if ok else {"kind": "planted", "n": n}

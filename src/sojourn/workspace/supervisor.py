@@ -387,7 +387,11 @@ class Supervisor(SignalForwarding):
                 if self.log.due():
                     self.log.flush()
                 req = self.store.poll_request(ws, epoch, next_request)
-                if req is not None:
+                if req is not None and req.get("kind") == "planted":  # written without the key: skipped
+                    next_request += 1
+                    print(f"sojourn: ignored request {req.get('n')} of {ws}: not written with the repository key "
+                          "(planted); the program keeps running", file=sys.stderr)
+                elif req is not None:
                     next_request += 1
                     self._serve(req)
                     if self.moved is not None:
