@@ -34,14 +34,33 @@ rules = st.builds(MoveRule, min_fraction=st.floats(0, 0.9), min_factor=st.floats
 @given(offers(), offers(), works, rules)
 def test_never_move_under_the_thresholds(current: Offer, target: Offer, work: Work, rule: MoveRule) -> None:
     v = cost.move_verdict(current, target, work, rule=rule)
+    # a value that is the bound but for float rounding reaches it (rel 1e-9): see the boundary test
     if v.move:
-        assert v.saving_fraction >= rule.min_fraction
-        assert v.saving_usd >= rule.min_factor * v.move_usd
+        assert v.saving_fraction >= rule.min_fraction * (1 - 1e-9)
+        assert v.saving_usd >= rule.min_factor * v.move_usd * (1 - 1e-9)
         assert v.saving_usd > 0 or (rule.min_factor == 0 and rule.min_fraction == 0)
-    if v.saving_fraction < rule.min_fraction or v.saving_usd < rule.min_factor * v.move_usd:
+    if (v.saving_fraction < rule.min_fraction * (1 - 1e-8)
+            or v.saving_usd < rule.min_factor * v.move_usd * (1 - 1e-8)):
         assert not v.move
     # the numbers recorded are the ones that decided
     assert v.saving_usd == pytest.approx(v.stay_usd - v.go_usd)
+
+
+@pytest.mark.parametrize("stay, go", [(1.00, 0.80), (0.10, 0.08), (3.0, 2.4), (0.7, 0.56)])
+def test_exactly_20_percent_cheaper_qualifies_and_a_cent_less_does_not(stay: float, go: float) -> None:
+    """The boundary itself: in binary floats 1 - 0.8/1.0 is 0.19999999999999996, which a plain
+    ``<`` called "under 20%"."""
+    current = Offer("local", "here", price_per_hour=stay)
+    work = Work(remaining_s=10 * 3600, capsule_bytes=0, write_bps=None)
+    at = cost.move_verdict(current, Offer("local", "there", price_per_hour=go), work)
+    assert at.move, at.reason
+    assert "is >= 20%" in at.reason and "20.0%" in at.reason
+    above = cost.move_verdict(current, Offer("local", "there", price_per_hour=go * 1.001), work)
+    assert not above.move and "is under 20%" in above.reason
+    # and the 3x factor at its boundary: a saving exactly 3x the move's cost qualifies
+    v = cost.move_verdict(current, Offer("local", "there", price_per_hour=go), work,
+                          rule=MoveRule(min_fraction=0.2, min_factor=at.saving_usd / at.move_usd if at.move_usd else 3.0))
+    assert v.move, v.reason
 
 
 @settings(max_examples=200, deadline=None)

@@ -235,3 +235,42 @@ def test_detached_session_suspends_and_resumes_on_its_machine(sh: Shell) -> None
     rec = sh.show(ws)
     assert [(a["machine"], a["stop_reason"]) for a in rec["allocations"]] == [("small", "suspended"),
                                                                              ("small", "finished")]
+
+
+HAND_WRITTEN = """# our cluster: ask ops before changing the partition
+[slurm]
+partition = "debug"   # the only one with short jobs
+
+[ssh.gpu1]
+host = "gpu1.example"
+
+[machines.small]
+memory = "2GiB"
+price_per_hour = 0.10  # list price
+"""
+
+
+def test_machines_set_edits_only_what_it_was_asked_and_keeps_hand_written_tables(sh: Shell) -> None:
+    from sojourn.providers.slurm import provider_config
+    from sojourn.repository.repo import open_repository
+
+    machines(sh, "local", "--price", "0")  # creates the repository and a config
+    path = Path(sh.repo, "config", "machines.toml")
+    path.write_text(HAND_WRITTEN)
+    refused = sh.cli("machines", "set", "small", "--cpus", "2")
+    assert refused.returncode == 2 and "not signed" in refused.stderr and "[slurm], [ssh]" in refused.stderr
+    assert path.read_text() == HAND_WRITTEN  # nothing written
+    assert sh.cli("machines", "sign").returncode == 0
+    machines(sh, "small", "--cpus", "2")
+    machines(sh, "big", "--memory", "16GiB", "--price", "0.8")
+    text = path.read_text()
+    body = text[:text.rindex("# sojourn-signature")]
+    assert body.startswith(HAND_WRITTEN + "cpus = 2\n"), body  # a new key goes at the end of its table
+    assert '[machines.big]\nmemory = "16GiB"\nprice_per_hour = 0.8\n' in body
+    with open_repository(sh.repo) as r:  # still signed: the hand-written tables are in force
+        assert provider_config(r, "slurm") == {"partition": "debug"}
+        assert provider_config(r, "ssh") == {"gpu1": {"host": "gpu1.example"}}
+    rows = {m["name"]: m for m in sh.json("machines")}
+    assert rows["small"]["cpus"] == 2 and rows["small"]["price_per_hour"] == 0.1 and rows["small"]["memory"] == 2 << 30
+    assert sh.cli("machines", "remove", "big").returncode == 0
+    assert "[machines.big]" not in path.read_text() and "# the only one with short jobs" in path.read_text()

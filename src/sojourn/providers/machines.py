@@ -138,33 +138,58 @@ def _size_text(n: int) -> str:
     return str(n)
 
 
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int | float):
-        return repr(v)
-    s = str(v).replace("\\", "\\\\").replace('"', '\\"')
-    return f'"{s}"'
+def _key_values(m: Machine) -> dict[str, Any]:
+    """The config keys of ``m`` as TOML values (None: the key is left out)."""
+    return {
+        "provider": m.provider if m.provider != "local" else None,
+        "memory": _size_text(m.memory) if m.memory is not None else None,
+        "cpus": m.cpus,
+        "python": m.python,
+        "price_per_hour": float(m.price_per_hour),
+        "max_duration": format_duration(m.max_duration) if m.max_duration is not None else None,
+    }
 
 
-def render_config(machines: dict[str, Machine]) -> str:
-    lines = ["# sojourn machines (`sojourn machines set NAME ...` writes this file)", ""]
+def _unsigned_body(text: str) -> str:
+    lines = text.rstrip("\n").split("\n")
+    if lines and lines[-1].startswith(SIGNATURE_LINE):
+        lines.pop()
+    return "\n".join(lines) + "\n"
+
+
+def render_config(machines: dict[str, Machine], base: str | None = None) -> str:
+    """The config text for ``machines``. With ``base`` (the config as it is now) only what
+    differs is edited, in place: other tables ([slurm], [ssh.*]), comments, key order and the
+    spelling of unchanged values stay as the owner wrote them."""
+    import tomlkit
+
+    if base is None:
+        doc = tomlkit.document()
+        doc.add(tomlkit.comment("sojourn machines (`sojourn machines set NAME ...` writes this file)"))
+    else:
+        doc = tomlkit.parse(_unsigned_body(base))
+    if "machines" not in doc:
+        doc.add("machines", tomlkit.table(is_super_table=True))
+    table = doc["machines"]
+    old = {n: _machine(n, t.unwrap() if hasattr(t, "unwrap") else t) for n, t in table.items()}
+    for name in [n for n in table if n not in machines]:
+        del table[name]
     for name in sorted(machines):
-        m = machines[name]
-        lines.append(f"[machines.{name}]")
-        if m.provider != "local":
-            lines.append(f"provider = {_toml_value(m.provider)}")
-        if m.memory is not None:
-            lines.append(f"memory = {_toml_value(_size_text(m.memory))}")
-        if m.cpus is not None:
-            lines.append(f"cpus = {m.cpus}")
-        if m.python is not None:
-            lines.append(f"python = {_toml_value(m.python)}")
-        lines.append(f"price_per_hour = {_toml_value(float(m.price_per_hour))}")
-        if m.max_duration is not None:
-            lines.append(f"max_duration = {_toml_value(format_duration(m.max_duration))}")
-        lines.append("")
-    return "\n".join(lines)
+        new, before = _key_values(machines[name]), (_key_values(old[name]) if name in old else None)
+        if name not in table:
+            table.add(name, tomlkit.table())
+        t = table[name]
+        for key in KEYS:
+            value = new[key]
+            if before is not None and before[key] == value and (key in t or value is None
+                                                                or key == "price_per_hour"):
+                continue  # unchanged: keep what is written (or that it is not written)
+            if value is None:
+                if key in t:
+                    del t[key]
+            else:
+                t[key] = value
+    return tomlkit.dumps(doc)
 
 
 def default_machines() -> dict[str, Machine]:
@@ -191,12 +216,25 @@ def has_config(repo: Repository) -> bool:
 
 
 def save_machines(repo: Repository, machines: dict[str, Machine]) -> list[str]:
-    """Write the config, signed with the repository key. The interpreter of a machine read
-    from an unsigned config is left out (signing it would vouch for what someone without the
-    key may have written): the names of those machines are returned, to be said."""
+    """Write the config, signed with the repository key, editing the one there in place (see
+    :func:`render_config`). The interpreter of a machine read from an unsigned config is left
+    out (signing it would vouch for what someone without the key may have written): the names
+    of those machines are returned, to be said. For the same reason an unsigned config that
+    holds other tables ([slurm], [ssh.*]) is not rewritten: the owner checks and signs it first."""
+    try:
+        base: str | None = bytes(repo.backend.load(CONFIG_KIND, CONFIG_NAME)).decode("utf-8")
+    except ObjectNotFound:
+        base = None
+    if base is not None and not config_signed(RecordKey(repo.key, repo.id), CONFIG_NAME, base):
+        others = sorted(k for k in tomllib.loads(_unsigned_body(base)) if k != "machines")
+        if others:
+            raise MachineError(
+                f"{CONFIG_NAME} is not signed with the repository key and holds hand-written "
+                f"{', '.join('[' + k + ']' for k in others)}; signing it now would vouch for them unchecked. Check the "
+                "file, run `sojourn machines sign`, then repeat this command")
     dropped = [n for n, m in sorted(machines.items()) if not m.trusted and m.python is not None]
     clean = {n: (Machine(**{**m.to_json(), "python": None}) if n in dropped else m) for n, m in machines.items()}
-    text = sign_config(RecordKey(repo.key, repo.id), CONFIG_NAME, render_config(clean))
+    text = sign_config(RecordKey(repo.key, repo.id), CONFIG_NAME, render_config(clean, base))
     parse_config(text)  # what we write must read back
     repo.backend.save(CONFIG_KIND, CONFIG_NAME, text.encode())
     repo.backend.flush()

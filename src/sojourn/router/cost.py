@@ -311,14 +311,20 @@ def move_verdict(
     fraction = saving / stay_usd if stay_usd > 0 else 0.0
     if not (_finite(target.price) and _finite(current.price)):
         ok, why = False, "a price is unknown"
-    elif fraction < rule.min_fraction:
+    elif not _at_least(fraction, rule.min_fraction):
         ok, why = False, f"saving {fraction:.1%} is under {rule.min_fraction:.0%}"
-    elif saving < rule.min_factor * move_usd:
+    elif not _at_least(saving, rule.min_factor * move_usd):
         ok, why = False, f"saving ${saving:.4f} is under {rule.min_factor:g} x the move's ${move_usd:.4f}"
     else:
         ok, why = True, (f"saving ${saving:.4f} ({fraction:.1%}) is >= {rule.min_fraction:.0%} and "
                          f">= {rule.min_factor:g} x the move's ${move_usd:.4f}")
     return MoveVerdict(ok, stay, go, stay_usd, go_usd, move_usd, move_s, saving, fraction, why)
+
+
+def _at_least(x: float, bound: float) -> bool:
+    """``x >= bound``, where a value that is the bound but for the rounding of binary floats
+    counts as reaching it: $1.00 -> $0.80 is 20 % cheaper, though 0.2 comes out 0.19999999999999996."""
+    return x >= bound or math.isclose(x, bound, rel_tol=1e-9)
 
 
 def _finite(x: float) -> bool:
