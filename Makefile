@@ -26,7 +26,7 @@ crossvenvs: setup
 	    if $$c -c "" 2>/dev/null; then py=$$c; break; fi; \
 	  done; \
 	  if [ -n "$$py" ] && [ ! -x .venv$$v/bin/python ]; then \
-	    $$py -m venv .venv$$v && .venv$$v/bin/pip install -q -e . numpy pytest psutil || rm -rf .venv$$v; \
+	    $$py -m venv .venv$$v && .venv$$v/bin/pip install -q -e . numpy pandas scikit-learn scipy pytest psutil || rm -rf .venv$$v; \
 	  fi; \
 	done; true
 

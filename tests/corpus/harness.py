@@ -14,7 +14,12 @@ to the ``sojourn run``/``resume`` command). What is counted, per program:
 * requested: pauses asked for while the program was running;
 * landed: the command exited 75 with a checked capsule, and the workspace was suspended;
 * refused: the program was told no and kept running (the messages are kept);
-* missed: the program ended before a requested pause landed (not a refusal: nothing said no);
+* late: the request reached the program after its last statement had begun (the program says
+  so as it ends: "it reached no statement of its own after the request"); no tool could land
+  it, so it is left out of the share that landed;
+* missed: the program ended without the pause landing, although it reached statements of its
+  own after the request, or without ever hearing of the request (not a refusal: nothing said
+  no, but something should have);
 * failed: the pause ended the process without a checked capsule (exit 76, a failed write
   check), or a resume was refused (then the job carries on from the same capsule on the first
   interpreter); the job is *lost* when nothing is left to resume from, or the resumed
@@ -71,6 +76,7 @@ class Outcome:
     landed: int = 0
     refused: list[str] = field(default_factory=list)
     missed: int = 0
+    late: int = 0
     failed: list[str] = field(default_factory=list)
     lost: bool = False
     wrong: str = ""  # a diff, when the output differs
@@ -82,7 +88,7 @@ class Outcome:
     @property
     def ok(self) -> bool:
         return not (self.error or self.wrong or self.lost or self.failed or self.refused) and \
-            self.landed == self.requested
+            self.landed + self.late == self.requested
 
     def verdict(self) -> str:
         if self.error:
@@ -93,7 +99,7 @@ class Outcome:
 
     def line(self) -> str:
         return (f"{self.program}: seed {self.seed}, {self.landed}/{self.requested} pauses landed, "
-                f"{len(self.refused)} refused, {self.missed} missed, {len(self.failed)} failed, "
+                f"{len(self.refused)} refused, {self.missed} missed, {self.late} late, {len(self.failed)} failed, "
                 f"{'LOST' if self.lost else 'not lost'}, {self.verdict()}; "
                 f"pythons {' -> '.join(self.pythons)}")
 
@@ -431,7 +437,16 @@ def run_program(prog: Program, base: Path, cache: Path, seed: int, pauses: int,
                 out.pythons.append(v)
                 continue
             if rc == 0:
-                out.missed += 1
+                ended = _ended(sess.stderr())
+                said = ((sus.stdout + sus.stderr).strip().replace("\n", " | ") if sus else "")
+                said = f" (suspend said: {said[-400:]})" if said else ""
+                if ended is not None and "came too late" in ended:
+                    out.late += 1
+                    out.notes.append(f"pause {i + 1} ({ways[i]}) late: {ended}{said}")
+                else:  # the program never heard of it, or heard and did not land it
+                    out.missed += 1
+                    out.notes.append(f"pause {i + 1} ({ways[i]}) missed: "
+                                     f"{ended or 'the request never reached the program before it ended'}{said}")
                 break
             # Anything else ended the process without a checked capsule.
             rec = _show(env, work, ws)
@@ -492,6 +507,14 @@ def run_program(prog: Program, base: Path, cache: Path, seed: int, pauses: int,
             s.close()
 
 
+def _ended(text: str) -> str | None:
+    """The program's own word on a pause that was pending when it ended (pause.ended)."""
+    for ln in reversed(text.splitlines()):
+        if "after a pause was asked for" in ln:
+            return ln.split("sojourn: ", 1)[-1].strip()
+    return None
+
+
 def _wait_outcome(sess: Session, refusals_before: int, timeout: float) -> int | None:
     """The command's exit code once the pause settled, or None when it was refused and the
     program runs on."""
@@ -540,12 +563,13 @@ def programs(names: list[str] | None = None) -> Iterator[Program]:
 
 
 def table(outcomes: list[Outcome]) -> str:
-    rows = [("program", "kind", "pythons", "unmoved CPU s", "requested", "landed", "refused", "missed", "failed",
-             "lost", "output")]
+    rows = [("program", "kind", "pythons", "unmoved CPU s", "requested", "late", "landed", "refused", "missed",
+             "failed", "lost", "output")]
     kinds = {p.name: p.kind for p in PROGRAMS}
     for o in outcomes:
         rows.append((o.program, kinds.get(o.program, "?"), "→".join(o.pythons) or "-", f"{o.plain_s:.1f}",
-                     str(o.requested), str(o.landed), str(len(o.refused)), str(o.missed), str(len(o.failed)),
+                     str(o.requested), str(o.late), str(o.landed), str(len(o.refused)), str(o.missed),
+                     str(len(o.failed)),
                      "LOST" if o.lost else "no", o.verdict().replace("output ", "")))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |" for r in rows]
@@ -554,10 +578,12 @@ def table(outcomes: list[Outcome]) -> str:
 
 
 def summary(outcomes: list[Outcome], seed: int) -> str:
-    req = sum(o.requested for o in outcomes)
+    late = sum(o.late for o in outcomes)
+    req = sum(o.requested for o in outcomes) - late
     landed = sum(o.landed for o in outcomes)
     pct = 100.0 * landed / req if req else 100.0
-    return (f"corpus (seed {seed}): {len(outcomes)} programs, {landed}/{req} requested pauses landed ({pct:.1f} %), "
+    return (f"corpus (seed {seed}): {len(outcomes)} programs, {landed}/{req} requested pauses landed ({pct:.1f} %; "
+            f"{late} more asked for after the program's last statement had begun), "
             f"{sum(len(o.refused) for o in outcomes)} refused, {sum(o.missed for o in outcomes)} missed, "
             f"{sum(len(o.failed) for o in outcomes)} failed, {sum(1 for o in outcomes if o.wrong)} wrong outputs, "
             f"{sum(1 for o in outcomes if o.lost)} lost jobs, {sum(1 for o in outcomes if o.error)} not run "

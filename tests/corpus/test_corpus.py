@@ -73,8 +73,9 @@ def test_program_paused_at_random_points_ends_as_an_unmoved_run(prog: Program, t
     assert not o.failed, f"{o.line()}\n{details}"
     assert not o.wrong, f"{o.line()}\n{details}"
     assert not o.refused, f"{o.line()}\n{details}"
-    # A pause asked for while the program was about to end may miss it (the program finished
-    # first: nothing refused it); the bench's figures count those against the 95 %.
-    assert o.landed + o.missed == o.requested, f"{o.line()}\n{details}"
+    # A pause asked for while the program was about to end may come too late (the program
+    # says so as it ends); one that reached statements of the program and did not land is a
+    # miss, which the bench's figures count against the 95 %.
+    assert o.landed + o.missed + o.late == o.requested, f"{o.line()}\n{details}"
     assert o.landed >= 1 or o.requested < 2, f"{o.line()}\n{details}"
     assert o.compared

@@ -84,6 +84,24 @@ def test_a_deferred_sigterm_pause_lands_when_the_library_returns_with_no_stateme
     script = runner.write("last.py", WORK + "results = list(map(work, range(20)))\n")
     seg = runner.segment(sys.executable, ["run", str(script)], env={"KILLS": "go"})
     assert seg.returncode in (0, EXIT_PAUSED), seg.stderr
+    if seg.returncode == 0:  # it says why no capsule came: what the pause still waited for
+        line = next(ln for ln in seg.stderr.splitlines() if "after a pause was asked for (SIGTERM)" in ln)
+        assert "the pause still waited" in line and "nothing is lost" in line, line
+
+
+def test_a_request_during_the_last_statement_is_reported_as_too_late(runner: Runner) -> None:
+    """No statement of the program comes after the signal: no pause could land. The program
+    finishes (exit 0) and says that the request came too late, not that something refused it."""
+    script = runner.write("end.py", """
+        import os, signal, threading, time
+        print("working")
+        threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start(); time.sleep(1.0)
+    """)
+    seg = runner.segment(sys.executable, ["run", str(script)])
+    assert seg.returncode == 0, seg.stderr
+    assert seg.stdout == "working\n"
+    line = next(ln for ln in seg.stderr.splitlines() if "after a pause was asked for (SIGTERM)" in ln)
+    assert "reached no statement of its own after the request (the request came too late)" in line, line
 
 
 def test_at_the_deadline_the_refusal_says_which_call_of_the_program_had_not_returned(runner: Runner) -> None:

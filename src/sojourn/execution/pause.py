@@ -95,6 +95,7 @@ class _Request:
     barrier: types.FrameType | None = None  # no attempt while it holds (Deferred.barrier)
     lasti: int | None = None
     held: int = 0  # checks in a row that found the barrier holding
+    checks: int = 0  # statements of the program reached since the request
 
 
 @dataclass
@@ -286,6 +287,7 @@ class PauseController:
             return
         if self.busy or not self.enabled or threading.get_ident() != self.main_thread:
             return
+        req.checks += 1
         if self.skip:
             self.skip -= 1
             return
@@ -455,6 +457,24 @@ class PauseController:
                 self._log(f"cleanup before exit failed: {type(e).__name__}: {e}")
         _flush()
         os._exit(exit_code)
+
+    def ended(self) -> None:
+        """The program's last statement returned while a pause was asked for: say so, with
+        whether it reached any statement of its own after the request (if not, the request
+        came too late for any pause; if it did, what the pause waited for)."""
+        with self.lock:
+            req = self.request
+            if req is None or req.done.is_set() or req.kind != "pause":
+                return
+            req.done.set()
+            self.rt.set_flag(False)
+        ago = time.perf_counter() - req.t0
+        if req.checks == 0:
+            why = "it reached no statement of its own after the request (the request came too late)"
+        else:
+            why = f"the pause still waited: {req.last_deferral or self.where_main()}"
+        self._log(f"the program ended {ago:.2f} s after a pause was asked for ({req.reason}), no capsule "
+                  f"written: {why}; it finished, nothing is lost")
 
     def at_oom(self, tm: TransformedModule, sid: int, frame: types.FrameType, header: bool) -> None:
         from sojourn.execution import oom

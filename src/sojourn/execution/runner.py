@@ -113,9 +113,14 @@ def _run(ctl: pause.PauseController, code: types.CodeType, ns: dict[str, Any]) -
 
     try:
         exec(code, ns)
+    except SystemExit as e:
+        if e.code in (0, None):
+            ctl.ended()
+        raise
     except BaseException as e:
         oom.report_uncaptured(ctl, e)
         raise
+    ctl.ended()
 
 
 def run_script(
