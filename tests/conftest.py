@@ -116,6 +116,7 @@ SLOW_PARTS = (
     "corpus/",
     "crossarch/",
     "conformance/",
+    "console/test_browser.py",  # Chromium and real moves
     "notebook/",
     "providers/test_slurm.py",
     "providers/test_ssh.py",

@@ -58,6 +58,9 @@ def _register() -> None:
     from sojourn.cli import repo_cmds
 
     cli.add_command(repo_cmds.init_cmd)
+    from sojourn.cli import console_cmd
+
+    cli.add_command(console_cmd.console_cmd)
 
 
 _register()
