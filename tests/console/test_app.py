@@ -154,3 +154,23 @@ def test_the_console_command_prints_a_url_with_a_token(tmp_path: Path) -> None:
 
     r = CliRunner().invoke(cli, ["console", "--help"])
     assert r.exit_code == 0 and "--no-browser" in r.output and "127.0.0.1" in r.output
+
+
+def test_the_offers_and_plan_pages_show_what_ops_computes(finished: tuple[str, str]) -> None:
+    from sojourn.ops import offers as offer_ops
+
+    repo, ws = finished
+    c, _ = logged_in(repo)
+    r = c.get(f"/offers?workspace={ws}")  # no capsule yet: ops says why in one line
+    assert r.status_code == 400 and "has no capsule yet" in r.text
+    table = offer_ops.offers(repo=repo)
+    r = c.get("/offers")
+    assert r.status_code == 200 and 'id="offers"' in r.text
+    assert r.text.count("<tr><td>") == len(table.rows) and table.rows
+    to = table.rows[0].ref
+    plan = offer_ops.plan(ws, to, repo=repo, remaining="2h")
+    r = c.get(f"/plan?workspace={ws}&to={to}&remaining=2h")
+    assert r.status_code == 200, r.text
+    assert f"${plan.plan.usd:.4f}" in r.text and "2.0 h" in r.text
+    r = c.get(f"/plan?workspace={ws}&to=nowhere:none")
+    assert r.status_code == 400 and 'id="error"' in r.text

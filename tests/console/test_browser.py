@@ -134,3 +134,38 @@ def test_move_to_clicked_in_the_page_carries_the_program_on_on_the_other_machine
     expect(page.locator("#allocations")).to_contain_text("moved")
     expect(page.locator("#capsules")).to_contain_text("move")
     assert holders_alive(mv.tag) == [CONSOLE_PIDS[console]]  # the console alone: no session left behind
+
+
+def test_checkpoints_compared_and_forked_from_the_page(mv: Mover, console: str, browser: Browser) -> None:
+    """Two checkpoints of a running program, clicked; the diff shows the loop's counters
+    changed and the 1 MiB blob unchanged; a fork clicked from the page is a new suspended
+    workspace. A POST the page's form did not make (no CSRF token) is refused."""
+    mv.n = 1500  # 45 s: it still runs when the fork is clicked (its unmoved output is not needed here)
+    run, ws = mv.start()
+    page = page_of(browser)
+    page.goto(console)
+    page.locator(f'tr[data-workspace="{ws}"] a').first.click()
+    for _ in range(2):
+        page.locator('a[data-action="checkpoint"]').click()
+        page.locator("#go").click()
+        expect(page.locator("#done")).to_contain_text("the program keeps running")
+        expect(page.locator("#state")).to_have_text("running")
+    expect(page.locator("#capsules tr")).to_have_count(3)  # a header and two capsules
+    page.locator("#diff button").click()
+    expect(page.locator("#counts")).to_contain_text("unchanged")
+    expect(page.locator('#diff-variables tr[data-name="i"]')).to_contain_text("changed")
+    expect(page.locator('#diff-variables tr[data-name="blob"]')).to_contain_text("same")
+    status = page.evaluate(f"""fetch("/w/{ws}/do/suspend", {{method: "POST",
+        headers: {{"content-type": "application/x-www-form-urlencoded"}}, body: "machine=big"}}).then(r => r.status)""")
+    assert status == 403
+    assert mv.record(ws)["state"] == "running"
+    page.goto(console.split("?")[0] + f"w/{ws}")
+    page.locator('a[data-action="fork"]').click()
+    page.fill('input[name="name"]', "branch")
+    page.locator("#go").click()
+    expect(page.locator("#done")).to_contain_text("forked from")
+    expect(page.locator("h1")).to_contain_text("branch")
+    expect(page.locator("#state")).to_have_text("suspended")
+    if mv.record(ws)["state"] == "running":
+        assert mv.sh.cli("suspend", ws).returncode == 0
+    run.wait(60)

@@ -3,6 +3,7 @@ confirmation page and the CSRF token). Everything it shows or does goes through 
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -10,7 +11,7 @@ from typing import Any
 from urllib.parse import quote
 
 from starlette.applications import Starlette
-from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response, StreamingResponse
@@ -22,6 +23,7 @@ from sojourn.console.security import LOOPBACK, Guard, csrf_for, new_token, same
 from sojourn.errors import SojournError
 
 TEMPLATES = Path(__file__).parent / "templates"
+POLL_S = 0.5  # how often the live log looks for new output
 
 
 class Console:
@@ -91,11 +93,21 @@ class Console:
         from sojourn import ops
 
         async def events() -> AsyncIterator[str]:
+            # Polled (each read a short call in a worker thread) rather than a blocking
+            # follow: a silent program must not hold a thread after the page is closed.
+            sent = 0
             try:
-                async for r in iterate_in_threadpool(ops.follow_logs(ws, repo=self.repo)):
-                    yield f"event: log\ndata: {json.dumps({'stream': r.stream, 'text': r.text, 'allocation': r.allocation})}\n\n"
-                state = (await run_in_threadpool(ops.show, ws, repo=self.repo)).record.state
-                yield f"event: end\ndata: {json.dumps({'state': state})}\n\n"
+                while True:
+                    log = await run_in_threadpool(ops.logs, ws, repo=self.repo)
+                    for r in log.records[sent:]:
+                        yield f"event: log\ndata: {json.dumps({'stream': r.stream, 'text': r.text, 'allocation': r.allocation})}\n\n"
+                    sent = len(log.records)
+                    if log.state != "running":
+                        yield f"event: end\ndata: {json.dumps({'state': log.state})}\n\n"
+                        return
+                    if await request.is_disconnected():
+                        return
+                    await asyncio.sleep(POLL_S)
             except SojournError as e:
                 yield f"event: failure\ndata: {json.dumps({'message': str(e)})}\n\n"
 
