@@ -294,3 +294,18 @@ def test_time_limit_notice_pauses_before_the_hard_stop(slurm: SlurmProvider, tmp
         assert state is not None and not state.startswith("TIMEOUT")  # it ended on its own, before the limit
     finally:
         sh.kill_all()
+
+
+def test_the_price_of_a_partition_is_its_machines_price(slurm: SlurmProvider, tmp_path: Path) -> None:
+    """`machines set PARTITION --provider slurm --price P` is what the router and the launch
+    check read; ``[slurm] price_per_hour`` is only the default of a partition no machine names."""
+    from sojourn.ops.machines import set_machine
+    from sojourn.repository.repo import open_repository
+
+    partition = _small(slurm).name
+    repo = str(tmp_path / "repo")
+    set_machine(partition, repo=repo, provider="slurm", price_per_hour=0.42)
+    with open_repository(repo) as r:
+        p = SlurmProvider(r, workdir=str(tmp_path / "jobs"))
+        found = {o.name: o for o in p.offers(Requirements(cpus=1))}
+    assert found[partition].price_per_hour == 0.42

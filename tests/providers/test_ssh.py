@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from sojourn.providers.base import LaunchFailed, LaunchSpec, Offer, Requirements, get_provider
-from sojourn.providers.ssh import SshProvider
+from sojourn.providers.ssh import BACKSTOP_MARGIN_S, SshProvider
 from tests.providers.conformance import ProviderConformance, wait_status
 from tests.workspace.conftest import Shell, finish, wait_for
 
@@ -173,11 +173,46 @@ def _fake_handle() -> Any:
 
 
 def test_hard_stop_without_a_provider_limit_is_a_timeout_watchdog(ssh: SshProvider) -> None:
-    h = ssh.launch(ssh.offer_of("lo"), LaunchSpec("ws_t", "al_hard", ["sleep", "600"], hard_stop=1))
+    """A command that is not sojourn's supervisor still ends: `timeout` ends it after the hard
+    stop plus the session's grace (here 1 s) plus the margin."""
+    t0 = time.monotonic()
+    h = ssh.launch(ssh.offer_of("lo"), LaunchSpec("ws_t", "al_hard", ["sleep", "600"], hard_stop=1,
+                                                  env={"SOJOURN_HARD_STOP_GRACE": "1"}))
     try:
-        assert wait_status(ssh, h, {"ended"}, 15) == "ended"
+        assert wait_status(ssh, h, {"ended"}, 30) == "ended"
+        assert time.monotonic() - t0 >= 1 + 1 + BACKSTOP_MARGIN_S - 1  # not before sojourn's own watchdog
     finally:
         ssh.terminate(h)
+
+
+SLOW = """
+import time
+for i in range(600):
+    print(i, flush=True)
+    time.sleep(0.1)
+"""
+
+
+def test_a_hard_stop_over_ssh_is_recorded_as_a_hard_stop(ssh: SshProvider, tmp_path: Path) -> None:
+    """sojourn's watchdog fires first: the session pauses and the allocation says hard-stop
+    (before, `timeout`'s SIGTERM came at the same moment and it said suspended)."""
+    sh = Shell(tmp_path)
+    try:
+        sh.write("slow.py", SLOW, prelude=False)
+        env = {k: sh.env[k] for k in ("PYTHONPATH", "SOJOURN_CACHE", "SOJOURN_REPO", "SOJOURN_HOME") if k in sh.env}
+        env["SOJOURN_HARD_STOP_GRACE"] = "20"
+        h = ssh.launch(ssh.offer_of("lo"), LaunchSpec(
+            "ws_new", "al_hard", [sys.executable, "-m", "sojourn.cli.main", "run", "--repo", sh.repo,
+                                  "--max-duration", "3s", "slow.py"], env=env, cwd=str(sh.dir), hard_stop=3))
+        assert wait_status(ssh, h, {"ended"}, 60) == "ended"
+        import json
+
+        ws = json.loads(sh.cli("ps", "--json").stdout)[0]["id"]
+        rec = sh.show(ws)
+        assert rec["state"] == "suspended" and rec["stop_reason"] == "hard-stop", rec
+        assert rec["allocations"][0]["stop_reason"] == "hard-stop" and rec["last_capsule"]["verified"]
+    finally:
+        sh.kill_all()
 
 
 COUNT = """

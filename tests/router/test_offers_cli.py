@@ -105,3 +105,32 @@ def test_offers_without_a_measured_speed_say_it_is_assumed(repo: str) -> None:
     assert all(o["memory"] >= 4 * GIB for o in data["offers"])
     empty = sojourn("offers", "--gpu", "B200", "--repo", repo, check=False)
     assert empty.returncode == 0 and "no offer fits" in empty.stderr
+
+
+def test_offers_list_every_configured_machine_of_every_provider(repo: str, tmp_path: Any) -> None:
+    """ssh hosts and Slurm partitions are listed next to the local machines, at the machine's
+    ``--price``. No daemon is needed: an ssh offer is read from the config (nothing is reached),
+    and a Slurm that cannot be asked here (PATH without sinfo) is named in the caption while the
+    other machines are still listed."""
+    sojourn("machines", "set", "small", "--memory", "1GiB", "--price", "0.05", "--repo", repo)
+    path = os.path.join(repo, "config", "machines.toml")
+    with open(path) as f:
+        body = f.read().rsplit("# sojourn-signature", 1)[0]
+    with open(path, "w") as f:
+        f.write(body + '\n[ssh.gpu1]\nhost = "gpu1.example"\ncpus = 8\nprice_per_hour = 9.0\n\n'
+                '[slurm]\npartition = "debug"\n')
+    sojourn("machines", "sign", "--repo", repo)
+    sojourn("machines", "set", "gpu1", "--provider", "ssh", "--price", "0.30", "--repo", repo)
+    env_path = str(tmp_path / "bin")
+    os.mkdir(env_path)
+    os.symlink(sys.executable, os.path.join(env_path, "python"))
+    env = dict(os.environ, PYTHONPATH=str(SRC), COLUMNS="200", PATH=env_path)
+    p = subprocess.run([sys.executable, "-m", "sojourn.cli.main", "offers", "--repo", repo, "--json"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 0, p.stderr
+    data = json.loads(p.stdout)
+    rows = {(r["provider"], r["name"]): r for r in data["offers"]}
+    assert rows[("local", "small")]["price_per_hour"] == 0.05
+    assert rows[("ssh", "gpu1")]["price_per_hour"] == 0.30  # the machine's --price, not the host table's
+    assert rows[("ssh", "gpu1")]["cpus"] == 8 and rows[("ssh", "gpu1")]["region"] == "gpu1.example"
+    assert "slurm: the Slurm client command" in data["caption"], data["caption"]

@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from sojourn.errors import SojournError
 from sojourn.providers.base import Offer, ProviderError, Requirements
 
 if TYPE_CHECKING:
@@ -50,7 +51,7 @@ def gather(req: Requirements | None = None, *, repo: PathLike | None = None, cat
     cat = C.load(catalog)
     offers = cat.offers(req)
     local_note = "local machines: not asked for"
-    if include_local and req.provider in (None, "local"):
+    if include_local:
         local, local_note = _local_offers(req, repo)
         offers += local
     return offers, Sources(cat, local_note)
@@ -67,14 +68,38 @@ def _local_offers(req: Requirements, repo: PathLike | None) -> tuple[list[Offer]
     except Exception as e:  # an unreadable repository must not hide the catalog
         return [], f"local machines: repository not readable ({e})"
     try:
-        prov = get_provider("local", r)
-        return prov.offers(req), "local machines from the repository's machines config"
-    except ModuleNotFoundError as e:
-        if not (e.name or "").startswith("sojourn"):
-            raise
-        return [], "local machines: provider not available"
+        out: list[Offer] = []
+        notes = []
+        for name in _configured_providers(r):
+            if req.provider not in (None, name):
+                continue
+            try:
+                out += get_provider(name, r).offers(req)
+            except ModuleNotFoundError as e:
+                if not (e.name or "").startswith("sojourn"):
+                    raise
+                notes.append(f"{name}: provider not available")
+            except SojournError as e:  # one unreachable cluster must not hide the other machines
+                notes.append(f"{name}: {e}")
+        return out, "; ".join(["machines from the repository's machines config", *notes])
     finally:
         r.close()
+
+
+def _configured_providers(r: Any) -> list[str]:
+    """Every provider the repository's machines config uses: ``local`` always, those its
+    ``[machines.*]`` name, ``ssh`` with ``[ssh.*]`` hosts, ``slurm`` with a ``[slurm]`` table."""
+    from sojourn.providers.machines import load_machines
+    from sojourn.providers.slurm import provider_config
+
+    found = {"local"} | {m.provider for m in load_machines(r).values()}
+    for table in ("ssh", "slurm"):
+        try:
+            if provider_config(r, table):
+                found.add(table)
+        except SojournError:
+            found.add(table)  # an unsigned table: its provider says so in the note
+    return sorted(found, key=lambda n: (n != "local", n))
 
 
 # -- the offers table ----------------------------------------------------------------------

@@ -195,10 +195,11 @@ class SlurmProvider:
         if req.provider and req.provider != self.name:
             return []
         out = []
+        prices = self.machine_prices()
         for p in self.partitions():
             offer = Offer(provider=self.name, name=p["partition"], cpus=p["cpus"], memory=p["memory_mb"] << 20,
                           gpus=p["gpus"], gpu=p["gpu"], arch=p["arch"], region=self.config.get("cluster"),
-                          price_per_hour=float(self.config.get("price_per_hour", 0.0)),
+                          price_per_hour=prices.get(p["partition"], float(self.config.get("price_per_hour", 0.0))),
                           python=self.config.get("python"),
                           notice_s=float(self.config.get("signal_s", DEFAULT_SIGNAL_S)),
                           extra={"partition": p["partition"], "max_time": p["max_time"], "nodes": p["nodes"],
@@ -207,6 +208,16 @@ class SlurmProvider:
             if offer.fits(req):
                 out.append(offer)
         return cheapest_first(out)
+
+    def machine_prices(self) -> dict[str, float]:
+        """The ``--price`` of each configured machine of this provider (``[machines.P]`` with
+        ``provider = "slurm"``, named like its partition): what the router and the launch check
+        compare. ``[slurm] price_per_hour`` is only the default for a partition no machine names."""
+        if self.repo is None or not hasattr(self.repo, "backend"):
+            return {}
+        from sojourn.providers.machines import load_machines
+
+        return {m.name: m.price_per_hour for m in load_machines(self.repo).values() if m.provider == self.name}
 
     # -- launch --------------------------------------------------------------------------------
 

@@ -38,6 +38,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from dataclasses import replace
 from typing import Any
 
 from sojourn.providers.base import (
@@ -68,6 +69,19 @@ def _size(v: Any) -> int | None:
     from sojourn.workspace.sessions import parse_size
 
     return parse_size(str(v))
+
+
+# Seconds after the hard stop plus the session's grace at which `timeout` ends what is left.
+BACKSTOP_MARGIN_S = 5.0
+
+
+def _remote_grace(env: dict[str, str]) -> float:
+    """The hard-stop grace the remote session will use: ``SOJOURN_HARD_STOP_GRACE`` as sent
+    in the launch environment, else the supervisor's default (60 s)."""
+    try:
+        return max(0.1, float(env.get("SOJOURN_HARD_STOP_GRACE", "60")))
+    except ValueError:
+        return 60.0
 
 
 class SshProvider:
@@ -150,7 +164,18 @@ class SshProvider:
     def offers(self, req: Requirements) -> list[Offer]:
         if req.provider and req.provider != self.name:
             return []
-        return cheapest_first([o for o in (self.offer_of(n) for n in self.hosts) if o.fits(req)])
+        prices = self.machine_prices()
+        found = [self.offer_of(n) for n in self.hosts]
+        # A [machines.NAME] of this provider sets the host's price (`machines set NAME --price`).
+        found = [replace(o, price_per_hour=prices[o.name]) if o.name in prices else o for o in found]
+        return cheapest_first([o for o in found if o.fits(req)])
+
+    def machine_prices(self) -> dict[str, float]:
+        if self.repo is None or not hasattr(self.repo, "backend"):
+            return {}
+        from sojourn.providers.machines import load_machines
+
+        return {m.name: m.price_per_hour for m in load_machines(self.repo).values() if m.provider == self.name}
 
     def probe(self, name: str) -> dict[str, Any]:
         """Reach the host and read what it has (the live check): arch, CPUs, Python."""
@@ -182,8 +207,13 @@ class SshProvider:
         argv = list(spec.argv)
         hard = spec.hard_stop or _seconds(self.host(offer.name).get("max_duration"))
         if hard:
+            # A backstop only: sojourn's own watchdog (in the session's supervisor) fires at the
+            # hard stop, gives the session its grace to pause and records a hard stop. Firing
+            # at the same moment, `timeout`'s SIGTERM reached the supervisor first, which took it
+            # for a pause request and recorded the session `suspended`.
+            backstop = math.ceil(hard + _remote_grace(spec.env) + BACKSTOP_MARGIN_S)
             grace = int(self.terminate_grace)
-            argv = ["timeout", "-s", "TERM", "-k", f"{grace}s", f"{math.ceil(hard)}s", *argv]
+            argv = ["timeout", "-s", "TERM", "-k", f"{grace}s", f"{backstop}s", *argv]
         script = "\n".join([
             "set -e", f"WD={wd}", f'mkdir -p "$WD" {cwd}', f"cd {cwd}",
             *([f"export {exports}"] if exports else []),
